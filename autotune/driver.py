@@ -1,0 +1,297 @@
+"""The ask/tell loop: baseline first, budget, resume, constraints, faults.
+
+Only the driver talks to the Optuna storage. Each trial is asked, its parameters turned into a
+launch by the search space, run by the executor (which returns a plain ``TrialResult``), and told:
+
+- ok: COMPLETE with the objective value; constraints <= 0.
+- infeasible (the configuration's fault): constraint ``failure`` > 0 (or an SLO constraint > 0).
+  With TPE it is told PRUNED (TPE ranks it below every feasible trial); with the GP sampler
+  COMPLETE with every constraint key present, as each sampler needs to learn from it.
+- fault (the infrastructure's fault): FAIL, which teaches no sampler anything, and the same
+  parameters are enqueued again (up to ``max_fault_retries`` times); after 3 faults in a row the
+  study stops, since the host is broken.
+
+Every trial carries ``outcome``, ``failure_kind``, ``failure_excerpt``, ``metrics``, ``applied``,
+``env``, ``argv`` and ``feasible`` in its user_attrs (the dashboard shows user_attrs, not
+constraints), and its server log as an artifact. A study started again with the same name
+continues: stale RUNNING trials are failed and their parameters enqueued again.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import optuna
+from optuna.artifacts import FileSystemArtifactStore, upload_artifact
+from optuna.trial import TrialState
+
+from autotune.config import StudyConfig
+from autotune.objective import Objective
+from autotune.runner import TrialResult, TrialSpec
+from autotune.space import SearchSpace
+from autotune.study_view import best_view
+
+FAILURE_CONSTRAINT = "failure"
+MAX_FAULTS_IN_A_ROW = 3
+
+
+class Executor(Protocol):
+    """Runs one trial somewhere and returns its plain result."""
+
+    def run(self, spec: TrialSpec, on_phase: Callable[[str, str], None]) -> TrialResult: ...
+
+
+class Reporter(Protocol):
+    """Receives progress events (a live display, or plain lines when not on a terminal)."""
+
+    def study_started(self, name: str, done: int, budget: int | None) -> None: ...
+    def trial_started(self, number: int, params: dict[str, Any], baseline: bool) -> None: ...
+    def phase(self, number: int, phase: str, detail: str) -> None: ...
+    def trial_finished(self, result: TrialResult, value: float | None, best: float | None) -> None: ...
+    def study_finished(self, study: optuna.Study, reason: str) -> None: ...
+
+
+class QuietReporter:
+    """A reporter that shows nothing."""
+
+    def study_started(self, name: str, done: int, budget: int | None) -> None: ...
+    def trial_started(self, number: int, params: dict[str, Any], baseline: bool) -> None: ...
+    def phase(self, number: int, phase: str, detail: str) -> None: ...
+    def trial_finished(self, result: TrialResult, value: float | None, best: float | None) -> None: ...
+    def study_finished(self, study: optuna.Study, reason: str) -> None: ...
+
+
+class HostBrokenError(RuntimeError):
+    """Several infrastructure faults in a row: the study stops rather than burn its budget."""
+
+
+@dataclass
+class StudyRun:
+    """What one invocation of the driver did."""
+
+    study: optuna.Study
+    trials_run: int = 0
+    reason: str = ""
+    results: list[TrialResult] = field(default_factory=list)
+
+
+def artifact_dir(storage: str) -> Path:
+    """Where trial logs and artifacts live: beside a SQLite file, else in the working directory."""
+    if storage.startswith("sqlite:///"):
+        db = Path(storage.removeprefix("sqlite:///"))
+        return db.parent / "autotune-artifacts"
+    return Path("autotune-artifacts")
+
+
+def make_sampler(kind: str, seed: int | None) -> optuna.samplers.BaseSampler:
+    """The sampler for a config's ``sampler`` key."""
+    if kind == "gp":
+        return optuna.samplers.GPSampler(seed=seed)
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True, warn_independent_sampling=False)
+
+
+def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Trials that count against the budget: measured or infeasible (not FAIL, not RUNNING)."""
+    return [t for t in study.get_trials(deepcopy=False) if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+
+
+
+
+class Driver:
+    """Runs a study to its budget.
+
+    Contract: the baseline (if any) is enqueued first and only once per study; the budget counts
+    finished trials across invocations (``trials``) and the summed duration of trials
+    (``hours``); nothing recorded is ever deleted.
+    """
+
+    def __init__(
+        self,
+        config: StudyConfig,
+        space: SearchSpace,
+        objective: Objective,
+        executor: Executor,
+        *,
+        reporter: Reporter | None = None,
+        trials: int | None = None,
+    ) -> None:
+        self.config = config
+        self.space = space
+        self.objective = objective
+        self.executor = executor
+        self.reporter: Reporter = reporter or QuietReporter()
+        self.budget_trials = trials if trials is not None else config.budget.trials
+        self.artifacts = artifact_dir(config.storage)
+        self.artifacts.mkdir(parents=True, exist_ok=True)
+        self.store = FileSystemArtifactStore(str(self.artifacts))
+        self.constraint_keys = [FAILURE_CONSTRAINT] + [f"slo:{c}" for c in objective.constraints]
+
+    # -- setup ------------------------------------------------------------------------------
+    def open_study(self) -> optuna.Study:
+        """Create the study or load the one of the same name; fail stale RUNNING trials."""
+        study = optuna.create_study(
+            storage=self.config.storage,
+            study_name=self.config.name,
+            direction=self.objective.direction,
+            sampler=make_sampler(self.config.sampler, self.config.seed),
+            load_if_exists=True,
+        )
+        if "config" not in study.user_attrs:
+            study.set_user_attr("config", self.config.model_dump(mode="json"))
+            study.set_user_attr("objective", {"name": self.objective.name, "metric": self.objective.metric,
+                                              "direction": self.objective.direction,
+                                              "constraints": [str(c) for c in self.objective.constraints]})
+            study.set_user_attr("space", self.space.name)
+            study.set_user_attr("created", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+        elif study.direction.name.lower() != self.objective.direction:
+            raise ValueError(f"study '{self.config.name}' exists with direction {study.direction.name.lower()}")
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            # Heartbeats only work inside study.optimize, so an ask/tell driver fails these itself.
+            study._storage.set_trial_user_attr(t._trial_id, "outcome", "fault")
+            study._storage.set_trial_user_attr(t._trial_id, "failure_kind", "interrupted")
+            study.tell(t.number, state=TrialState.FAIL)
+            if t.params:
+                study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number, **_baseline_attr(t)})
+        if self.config.baseline or not study.trials:
+            baseline = self.space.complete(self.config.baseline)
+            study.enqueue_trial(baseline, user_attrs={"baseline": True}, skip_if_exists=True)
+        return study
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self) -> StudyRun:
+        """Ask, run, tell until the budget is spent. Returns what this invocation did."""
+        study = self.open_study()
+        run = StudyRun(study)
+        self.reporter.study_started(study.study_name, len(finished_trials(study)), self.budget_trials)
+        faults_in_a_row = 0
+        while True:
+            reason = self._budget_spent(study)
+            if reason:
+                run.reason = reason
+                break
+            trial = study.ask()
+            params = self.space.suggest(trial)
+            launch = self.space.to_launch(params)
+            is_baseline = bool(trial.user_attrs.get("baseline"))
+            self.reporter.trial_started(trial.number, launch.applied, is_baseline)
+            spec = TrialSpec(trial.number, env=launch.env, args=launch.args)
+            try:
+                result = self.executor.run(spec, lambda phase, detail, n=trial.number: self.reporter.phase(n, phase, detail))
+            except KeyboardInterrupt:
+                study.tell(trial, state=TrialState.FAIL)
+                raise
+            value = self._tell(study, trial, launch.applied, result)
+            run.trials_run += 1
+            run.results.append(result)
+            best = best_view(study)
+            self.reporter.trial_finished(result, value, None if best is None else best.value)
+            if result.outcome == "fault":
+                faults_in_a_row += 1
+                retries = int(trial.user_attrs.get("fault_retries", 0))
+                if retries < self.config.max_fault_retries:
+                    study.enqueue_trial(dict(trial.params), user_attrs={"fault_retries": retries + 1, "retry_of": trial.number,
+                                                                         **({"baseline": True} if is_baseline else {})})
+                if faults_in_a_row >= MAX_FAULTS_IN_A_ROW:
+                    kind = result.failure.kind if result.failure else "fault"
+                    msg = result.failure.message if result.failure else ""
+                    run.reason = f"stopped: {faults_in_a_row} infrastructure faults in a row ({kind}: {msg})"
+                    self.reporter.study_finished(study, run.reason)
+                    raise HostBrokenError(run.reason)
+            else:
+                faults_in_a_row = 0
+        self.reporter.study_finished(study, run.reason)
+        return run
+
+    def _budget_spent(self, study: optuna.Study) -> str:
+        done = finished_trials(study)
+        if self.budget_trials is not None and len(done) >= self.budget_trials:
+            return f"budget reached: {len(done)} trials"
+        if self.config.budget.hours is not None:
+            spent = sum(float(t.user_attrs.get("duration_s", 0.0)) for t in study.get_trials(deepcopy=False))
+            if spent >= self.config.budget.hours * 3600:
+                return f"budget reached: {spent / 3600:.2f} h of trials"
+        return ""
+
+    def _tell(self, study: optuna.Study, trial: optuna.Trial, applied: dict[str, Any], result: TrialResult) -> float | None:
+        """Record a result on the trial and tell Optuna; returns the objective value (if any)."""
+        attrs: dict[str, Any] = {
+            "outcome": result.outcome,
+            "feasible": result.outcome == "ok",
+            "failure_kind": result.failure.kind if result.failure else None,
+            "failure_message": result.failure.message if result.failure else None,
+            "failure_excerpt": result.failure.excerpt if result.failure else None,
+            "failure_cause": result.failure.cause if result.failure else None,
+            "metrics": {k: round(v, 4) for k, v in result.metrics.items()},
+            "applied": applied,
+            "env": result.env,
+            "argv": result.argv,
+            "argv_template": result.argv_template,
+            "port": result.port,
+            "host": result.host,
+            "startup_s": None if result.startup_s is None else round(result.startup_s, 3),
+            "duration_s": round(result.duration_s, 3),
+            "server_info": _compact_info(result.server_info),
+        }
+        for key, val in attrs.items():
+            trial.set_user_attr(key, val)
+        if Path(result.log_path).is_file():
+            try:
+                artifact_id = upload_artifact(artifact_store=self.store, file_path=result.log_path, study_or_trial=trial)
+                trial.set_user_attr("log_artifact", artifact_id)
+            except OSError:
+                pass
+        if result.outcome == "fault":
+            study.tell(trial, state=TrialState.FAIL)
+            return None
+        value = result.metrics.get(self.objective.metric)
+        failed = result.outcome == "infeasible" and (result.failure is None or result.failure.kind != "slo-violated")
+        trial.set_constraint(FAILURE_CONSTRAINT, 1.0 if failed else -1.0)
+        for c in self.objective.constraints:
+            v = result.violations.get(str(c), 0.0)
+            scale = abs(c.bound) or 1.0
+            trial.set_constraint(f"slo:{c}", max(-1e6, min(1e6, v / scale)) if v != float("inf") else 1e6)
+        if result.outcome == "ok" and value is None:
+            # Measured, but the metric is missing: the objective is misconfigured for this engine.
+            trial.set_user_attr("outcome", "infeasible")
+            trial.set_user_attr("feasible", False)
+            trial.set_user_attr("failure_kind", "metric-missing")
+            trial.set_user_attr("failure_message", f"metric '{self.objective.metric}' not in the results")
+            result.outcome = "infeasible"
+        if result.outcome == "ok":
+            study.tell(trial, float(value))  # type: ignore[arg-type]
+            return float(value)  # type: ignore[arg-type]
+        if isinstance(study.sampler, optuna.samplers.GPSampler):
+            fill = value if value is not None else (0.0 if self.objective.direction == "maximize" else 1e12)
+            study.tell(trial, float(fill))
+        else:
+            study.tell(trial, state=TrialState.PRUNED)
+        return None
+
+
+def _baseline_attr(t: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    return {"baseline": True} if t.user_attrs.get("baseline") else {}
+
+
+def _compact_info(info: dict[str, Any] | None, limit: int = 4000) -> dict[str, Any] | None:
+    """Server info small enough for a user attr: scalars only, at most ``limit`` characters."""
+    if not info:
+        return None
+    out: dict[str, Any] = {}
+    size = 0
+    for path, body in info.items():
+        if not isinstance(body, dict):
+            continue
+        for k, v in body.items():
+            if isinstance(v, (int, float, str, bool)) or v is None:
+                text = f"{k}{v}"
+                if size + len(text) > limit:
+                    return out
+                out[f"{path.strip('/')}.{k}"] = v
+                size += len(text)
+    return out
+

@@ -1,0 +1,73 @@
+"""Engine presets: how each inference engine is launched, when it is ready, how it fails.
+
+A preset turns the target config into an argv (never a shell string: each template word is
+formatted separately, so a value with spaces stays one argument) and says which API the load
+generator speaks, which path answers readiness, and where server-side metrics are read.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass, field
+from typing import Literal, Mapping
+
+from autotune.failures import COMMON_PATTERNS, Pattern
+
+
+@dataclass(frozen=True)
+class EnginePreset:
+    """One engine's launch template and behaviour.
+
+    ``template`` is a command line whose words may hold ``{python}``, ``{port}``, ``{host}``,
+    ``{model}`` and ``{scenario}``; the trial's flags are appended after it.
+    """
+
+    name: str
+    template: str
+    api: Literal["openai", "sglang"]
+    ready_path: str = "/health"
+    default_port: int = 30000
+    info_paths: tuple[str, ...] = ()
+    patterns: tuple[Pattern, ...] = field(default=COMMON_PATTERNS)
+
+    def argv(self, *, port: int | str, template: str | None = None, fields: Mapping[str, str] | None = None) -> list[str]:
+        """The command (without the trial's flags) for a server listening on ``port``."""
+        values = {"python": sys.executable, "port": str(port), "host": "127.0.0.1", "model": "", "scenario": ""}
+        values.update({k: v for k, v in (fields or {}).items() if v is not None})
+        return [word.format(**values) for word in shlex.split(template or self.template)]
+
+
+PRESETS: dict[str, EnginePreset] = {
+    "sim": EnginePreset(
+        name="sim",
+        template="{python} -m autotune.sim serve --scenario {scenario} --host {host} --port {port}",
+        api="sglang",
+        info_paths=("/get_server_info",),
+    ),
+    "sglang": EnginePreset(
+        name="sglang",
+        template="{python} -m sglang.launch_server --model-path {model} --host {host} --port {port}",
+        api="sglang",
+        info_paths=("/get_server_info",),
+    ),
+    "vllm": EnginePreset(
+        name="vllm",
+        template="vllm serve {model} --host {host} --port {port}",
+        api="openai",
+        default_port=8000,
+        info_paths=("/metrics",),
+    ),
+    "transformers": EnginePreset(
+        name="transformers",
+        template="transformers serve --host {host} --port {port}",
+        api="openai",
+        default_port=8000,
+    ),
+    "custom": EnginePreset(name="custom", template="", api="openai", default_port=8000),
+}
+
+
+def get_preset(name: str) -> EnginePreset:
+    """The preset for an engine name (validated by the config beforehand)."""
+    return PRESETS[name]

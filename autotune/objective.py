@@ -1,0 +1,117 @@
+"""Objectives: the workload a trial is measured under, the metric, its direction, and SLOs.
+
+An objective file looks like::
+
+    name: throughput_slo
+    metric: output_throughput       # a metric of the load generator (or the benchmark's parser)
+    direction: maximize
+    load: {concurrency: 256, num_prompts: 1024, input_len: 256, output_len: 128, warmup_prompts: 16}
+    constraints: ["p99_ttft_ms <= 2000"]   # a trial breaking one is infeasible (slo-violated)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotune import _resources
+from autotune._yaml import load_yaml_mapping, one_line
+from autotune.errors import ConfigError
+
+_CONSTRAINT = re.compile(r"^\s*([A-Za-z_][\w@.-]*)\s*(<=|>=)\s*(-?[\d.]+(?:e-?\d+)?)\s*$")
+
+
+class LoadSpec(BaseModel):
+    """The built-in load generator's workload (see :class:`autotune.loadgen.Workload`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    api: Literal["openai", "sglang"] | None = None
+    concurrency: int = Field(default=64, gt=0)
+    num_prompts: int = Field(default=256, gt=0)
+    input_len: int = Field(default=256, gt=0)
+    output_len: int = Field(default=128, gt=0)
+    warmup_prompts: int = Field(default=8, ge=0)
+    request_rate: float | None = Field(default=None, gt=0)
+    request_timeout_s: float = Field(default=300.0, gt=0)
+    max_failed_fraction: float = Field(default=0.02, ge=0, le=1)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """``metric <= bound`` or ``metric >= bound``; :meth:`violation` > 0 means broken."""
+
+    metric: str
+    op: str
+    bound: float
+
+    def __str__(self) -> str:
+        return f"{self.metric} {self.op} {self.bound:g}"
+
+    def violation(self, metrics: dict[str, float]) -> float:
+        value = metrics.get(self.metric)
+        if value is None:
+            return float("inf")
+        return value - self.bound if self.op == "<=" else self.bound - value
+
+
+class _ObjectiveFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    description: str | None = None
+    metric: str = "output_throughput"
+    direction: Literal["maximize", "minimize"] = "maximize"
+    load: LoadSpec = Field(default_factory=LoadSpec)
+    constraints: list[str] = Field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Objective:
+    """A validated objective."""
+
+    name: str
+    metric: str
+    direction: Literal["maximize", "minimize"]
+    load: LoadSpec
+    constraints: tuple[Constraint, ...]
+
+    @classmethod
+    def load_file(cls, name_or_path: str, overrides: dict[str, Any] | None = None) -> Objective:
+        """Load a built-in objective by name or an objective file by path.
+
+        ``overrides`` (e.g. ``{"load": {"concurrency": 32}}``) are merged over the file first.
+
+        Raises:
+            ConfigError: missing file, malformed YAML, or invalid keys/constraints.
+        """
+        try:
+            path = _resources.resolve("objectives", name_or_path)
+        except FileNotFoundError as exc:
+            raise ConfigError(str(exc)) from None
+        data = load_yaml_mapping(path, "objective")
+        for key, value in (overrides or {}).items():
+            if isinstance(value, dict) and isinstance(data.get(key), dict):
+                data[key] = {**data[key], **value}
+            else:
+                data[key] = value
+        return cls.from_mapping(data, source=name_or_path)
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any], source: str = "<objective>") -> Objective:
+        try:
+            parsed = _ObjectiveFile.model_validate(data)
+        except pydantic.ValidationError as exc:
+            raise ConfigError(one_line(exc, f"objective {source}")) from None
+        constraints = []
+        for text in parsed.constraints:
+            m = _CONSTRAINT.match(text)
+            if not m:
+                raise ConfigError(f"objective {source}: constraint '{text}': expected 'metric <= number' or 'metric >= number'")
+            constraints.append(Constraint(m.group(1), m.group(2), float(m.group(3))))
+        name = parsed.name or source.rsplit("/", 1)[-1].removesuffix(".yaml")
+        return cls(name, parsed.metric, parsed.direction, parsed.load, tuple(constraints))

@@ -1,0 +1,112 @@
+"""Live progress of a study on the terminal (rich), or plain lines when output is not a terminal."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import optuna
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from autotune.runner import TrialResult
+from autotune.study_view import TrialView, trial_views
+
+
+class ConsoleReporter:
+    """Shows trial number, phase, elapsed time and best so far; a summary table at the end."""
+
+    def __init__(self, console: Console | None = None, metric: str = "value") -> None:
+        self.console = console or Console(stderr=True)
+        self.metric = metric
+        self.live: Live | None = None
+        self.number = -1
+        self.phase_name = ""
+        self.detail = ""
+        self.trial_start = 0.0
+        self.study_start = time.monotonic()
+        self.best: float | None = None
+        self.done = 0
+        self.budget: int | None = None
+        self.name = ""
+        self._last_plain = ""
+
+    # -- Reporter protocol ----------------------------------------------------------------
+    def study_started(self, name: str, done: int, budget: int | None) -> None:
+        self.name, self.done, self.budget = name, done, budget
+        self.study_start = time.monotonic()
+        left = "" if budget is None else f", budget {budget}"
+        self.console.print(f"[bold]study {name}[/bold]: {done} trials already finished{left}")
+        if self.console.is_terminal:
+            self.live = Live(self._status(), console=self.console, refresh_per_second=4, transient=True)
+            self.live.start()
+
+    def trial_started(self, number: int, params: dict[str, Any], baseline: bool) -> None:
+        self.number = number
+        self.trial_start = time.monotonic()
+        tag = " (baseline)" if baseline else ""
+        shown = " ".join(f"{k}={v}" for k, v in params.items() if v != "unset")
+        self.console.print(f"[dim]trial {number}{tag}: {shown}[/dim]")
+        self.phase(number, "launching", "")
+
+    def phase(self, number: int, phase: str, detail: str) -> None:
+        self.phase_name, self.detail = phase, detail
+        if self.live is not None:
+            self.live.update(self._status())
+        elif phase != self._last_plain:
+            self._last_plain = phase
+            self.console.print(f"  trial {number}: {phase} ({time.monotonic() - self.trial_start:.1f}s)")
+
+    def trial_finished(self, result: TrialResult, value: float | None, best: float | None) -> None:
+        self.best = best
+        self._last_plain = ""
+        if result.outcome != "fault":
+            self.done += 1
+        took = f"{result.duration_s:.1f}s"
+        if result.outcome == "ok":
+            line = Text.assemble(f"trial {result.number}: ", ("ok", "green"), f" {self.metric}={value:.4g}  ({took})")
+        else:
+            kind = result.failure.kind if result.failure else "?"
+            msg = (result.failure.message if result.failure else "")[:110]
+            style = "yellow" if result.outcome == "infeasible" else "red"
+            line = Text.assemble(f"trial {result.number}: ", (f"{result.outcome} {kind}", style), f"  {msg}  ({took})")
+        self.console.print(line)
+        if self.live is not None:
+            self.live.update(self._status())
+
+    def study_finished(self, study: optuna.Study, reason: str) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+        self.console.print(summary_table(trial_views(study), self.metric))
+        if reason:
+            self.console.print(reason)
+
+    # -- rendering ------------------------------------------------------------------------
+    def _status(self) -> Text:
+        elapsed = time.monotonic() - self.trial_start if self.number >= 0 else 0.0
+        budget = "" if self.budget is None else f"/{self.budget}"
+        best = "none yet" if self.best is None else f"{self.best:.4g}"
+        return Text.assemble(
+            (f"{self.name} ", "bold"),
+            f"trial {self.number} ({self.done}{budget} done)  ",
+            (f"{self.phase_name}", "cyan"),
+            f" {self.detail}  {elapsed:.1f}s  best {self.metric}: {best}  total {time.monotonic() - self.study_start:.0f}s",
+        )
+
+
+def summary_table(views: list[TrialView], metric: str, limit_params: int = 6) -> Table:
+    """A table of every trial: number, outcome, value, failure kind, parameters, duration."""
+    table = Table(title="trials", show_lines=False)
+    for col in ("#", "outcome", metric, "failure", "parameters", "time"):
+        table.add_column(col, overflow="fold")
+    best = max((v.value for v in views if v.value is not None and v.outcome == "ok"), default=None)
+    for v in views:
+        value = "" if v.value is None else f"{v.value:.4g}"
+        style = "bold green" if v.value is not None and v.value == best else None
+        params = " ".join(f"{k}={p}" for k, p in list(v.params.items())[:limit_params] if p != "unset")
+        table.add_row(str(v.number) + (" b" if v.baseline else ""), v.outcome, value, v.failure_kind or "",
+                      params, f"{v.duration_s:.1f}s" if v.duration_s else "", style=style)
+    return table

@@ -1,0 +1,298 @@
+"""One trial on one host: launch, wait until ready (or failed), measure, tear down.
+
+The runner knows nothing of Optuna or the storage: it takes a :class:`TrialSpec` and returns a
+plain :class:`TrialResult`. Readiness and failure are watched together: the health endpoint is
+polled while the log is tailed, so a crash is seen within a poll interval, not at the timeout,
+and the log excerpt is read before the process is killed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import requests
+
+from autotune.engines import EnginePreset
+from autotune.failures import Failure, classify, excerpt, find_error
+from autotune.hosts import Host, HostFault, ServerProcess
+from autotune.loadgen import Workload, run_load_sync
+from autotune.objective import Objective
+
+Outcome = Literal["ok", "infeasible", "fault"]
+PhaseCallback = Callable[[str, str], None]
+"""Called as ``on_phase(phase, detail)`` with phase launching | warming | measuring | teardown."""
+
+POLL_S = 0.1
+TAIL_AFTER_ERROR_S = 1.0
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """What to launch for one trial: the flags and env of the search space on top of the target."""
+
+    number: int
+    env: dict[str, str]
+    args: list[str]
+
+
+@dataclass
+class TrialResult:
+    """Everything a trial produced, as plain data (no Optuna objects)."""
+
+    number: int
+    outcome: Outcome
+    metrics: dict[str, float] = field(default_factory=dict)
+    failure: Failure | None = None
+    argv: list[str] = field(default_factory=list)
+    argv_template: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    host: str = "local"
+    port: int = 0
+    log_path: str = ""
+    startup_s: float | None = None
+    duration_s: float = 0.0
+    server_info: dict[str, Any] | None = None
+    violations: dict[str, float] = field(default_factory=dict)
+
+
+class LogWatcher:
+    """Reads a growing log file incrementally and remembers all of it (up to ``limit`` bytes)."""
+
+    def __init__(self, path: Path, limit: int = 8 * 1024 * 1024) -> None:
+        self.path = path
+        self._offset = 0
+        self._limit = limit
+        self.text = ""
+
+    def read(self) -> str:
+        """Read what was appended since the last call; returns the new text."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return ""
+        self._offset += len(data)
+        new = data.decode("utf-8", errors="replace")
+        self.text = (self.text + new)[-self._limit :]
+        return new
+
+
+class TrialRunner:
+    """Runs trials of one target on one host.
+
+    Contract: :meth:`run` always tears the server down (process group killed, port verified free)
+    before it returns, whatever happened; a configuration failure is returned as
+    ``outcome="infeasible"`` with a failure kind and excerpt, an infrastructure failure as
+    ``outcome="fault"``.
+    """
+
+    def __init__(
+        self,
+        host: Host,
+        preset: EnginePreset,
+        objective: Objective,
+        *,
+        log_dir: Path,
+        template: str | None = None,
+        fields: dict[str, str] | None = None,
+        fixed_env: dict[str, str] | None = None,
+        ready_timeout_s: float = 600.0,
+        ready_path: str | None = None,
+        api: str | None = None,
+        port: int | None = None,
+        teardown_grace_s: float = 10.0,
+    ) -> None:
+        self.host = host
+        self.preset = preset
+        self.objective = objective
+        self.log_dir = log_dir
+        self.template = template
+        self.fields = fields or {}
+        self.fixed_env = fixed_env or {}
+        self.ready_timeout_s = ready_timeout_s
+        self.ready_path = ready_path or preset.ready_path
+        self.api = api or objective.load.api or preset.api
+        self.port = port
+        self.teardown_grace_s = teardown_grace_s
+
+    def command(self, spec: TrialSpec, port: int | str) -> tuple[list[str], dict[str, str]]:
+        """The argv and env (fixed env + the trial's) that launch this trial's server.
+
+        ``port`` may be the text ``"{port}"`` to get a template for launch profiles.
+        """
+        argv = self.preset.argv(port=port, template=self.template, fields=self.fields) + list(spec.args)
+        return argv, {**self.fixed_env, **spec.env}
+
+    def run(self, spec: TrialSpec, on_phase: PhaseCallback | None = None) -> TrialResult:
+        """Launch, wait for ready, measure, tear down. Never raises for a server's failure."""
+        phase_cb = on_phase or (lambda phase, detail: None)
+        started = time.monotonic()
+        port = self.port or self.host.free_port()
+        log_path = self.log_dir / f"trial-{spec.number:04d}.log"
+        argv, env = self.command(spec, port)
+        result = TrialResult(spec.number, "ok", argv=argv, env=env, host=self.host.name, port=port, log_path=str(log_path))
+        result.argv_template = self.command(spec, "{port}")[0]  # type: ignore[arg-type]
+        proc: ServerProcess | None = None
+        watcher = LogWatcher(log_path)
+        try:
+            self.host.wait_port_free(port, timeout_s=5.0)
+            if log_path.exists():
+                log_path.unlink()
+            phase_cb("launching", " ".join(argv[-6:]))
+            proc = self.host.launch(argv, env, log_path)
+            failure = self._wait_ready(proc, watcher, port, phase_cb)
+            if failure is not None:
+                result.outcome = "fault" if failure.kind == "launch-failed" else "infeasible"
+                result.failure = failure
+                return result
+            result.startup_s = time.monotonic() - started
+            result.server_info = self._server_info(port)
+            self._measure(proc, watcher, port, result, phase_cb)
+            return result
+        except HostFault as fault:
+            result.outcome = "fault"
+            result.failure = Failure(fault.kind, str(fault), excerpt(watcher.text))
+            return result
+        finally:
+            if proc is not None:
+                phase_cb("teardown", "")
+                proc.stop(self.teardown_grace_s)
+                watcher.read()
+                try:
+                    self.host.wait_port_free(port)
+                except HostFault as fault:
+                    if result.outcome == "ok" or result.outcome == "infeasible":
+                        # The trial's result stands; the host is flagged for the next one.
+                        result.failure = result.failure or Failure(fault.kind, str(fault), "")
+            result.duration_s = time.monotonic() - started
+
+    # -- phases ---------------------------------------------------------------------------
+    def _wait_ready(self, proc: ServerProcess, watcher: LogWatcher, port: int, phase_cb: PhaseCallback) -> Failure | None:
+        url = f"http://{self.host.address}:{port}{self.ready_path}"
+        deadline = time.monotonic() + self.ready_timeout_s
+        while True:
+            watcher.read()
+            code = proc.poll()
+            if code is not None:
+                watcher.read()
+                return classify(watcher.text, phase="launching", exit_code=code, patterns=self.preset.patterns)
+            if find_error(watcher.text, self.preset.patterns) is not None:
+                return self._failure_while_alive(proc, watcher, "launching")
+            if _http_ok(url):
+                return None
+            if time.monotonic() > deadline:
+                watcher.read()
+                return Failure(
+                    "startup-timeout",
+                    f"not ready after {self.ready_timeout_s:g}s ({url} never answered 200)",
+                    excerpt(watcher.text),
+                )
+            time.sleep(POLL_S)
+
+    def _failure_while_alive(self, proc: ServerProcess, watcher: LogWatcher, phase: str) -> Failure:
+        """An error line appeared: give the process a moment to print the rest, then classify."""
+        end = time.monotonic() + TAIL_AFTER_ERROR_S
+        while time.monotonic() < end and proc.poll() is None:
+            time.sleep(POLL_S)
+        watcher.read()
+        return classify(watcher.text, phase=phase, exit_code=proc.poll(), patterns=self.preset.patterns)
+
+    def _measure(self, proc: ServerProcess, watcher: LogWatcher, port: int, result: TrialResult, phase_cb: PhaseCallback) -> None:
+        load = self.objective.load
+        workload = Workload(
+            api=self.api,  # type: ignore[arg-type]
+            num_prompts=load.num_prompts,
+            concurrency=load.concurrency,
+            input_len=load.input_len,
+            output_len=load.output_len,
+            warmup_prompts=load.warmup_prompts,
+            request_rate=load.request_rate,
+            model=self.fields.get("served_model_name") or None,
+            request_timeout_s=load.request_timeout_s,
+        )
+        phase_cb("warming", f"{load.warmup_prompts} requests")
+        last_check = [0.0]
+        server_down = [False]
+
+        def should_stop() -> bool:
+            now = time.monotonic()
+            if now - last_check[0] < POLL_S:
+                return server_down[0]
+            last_check[0] = now
+            watcher.read()
+            if proc.poll() is not None or find_error(watcher.text, self.preset.patterns) is not None:
+                server_down[0] = True
+            return server_down[0]
+
+        def on_progress(done: int, total: int) -> None:
+            phase_cb("measuring", f"{done}/{total} requests")
+
+        base_url = f"http://{self.host.address}:{port}"
+        load_result = run_load_sync(base_url, workload, on_progress=on_progress, should_stop=should_stop)
+        watcher.read()
+        if server_down[0] or proc.poll() is not None or find_error(watcher.text, self.preset.patterns) is not None:
+            result.outcome = "infeasible"
+            result.failure = self._failure_while_alive(proc, watcher, "measuring")
+            result.metrics = dict(load_result.metrics)
+            return
+        result.metrics = dict(load_result.metrics)
+        total = load_result.completed + load_result.failed
+        if total == 0 or load_result.failed / total > load.max_failed_fraction:
+            result.outcome = "infeasible"
+            errors = "; ".join(load_result.errors[:3]) or "no request completed"
+            result.failure = Failure(
+                "request-errors",
+                f"{load_result.failed} of {total} requests failed: {errors}",
+                excerpt(watcher.text),
+            )
+            return
+        for c in self.objective.constraints:
+            result.violations[str(c)] = c.violation(result.metrics)
+        broken = [name for name, v in result.violations.items() if v > 0]
+        if broken:
+            result.outcome = "infeasible"
+            shown = ", ".join(f"{name} (got {result.metrics.get(name.split()[0], float('nan')):.4g})" for name in broken)
+            result.failure = Failure("slo-violated", f"SLO broken: {shown}", "")
+
+    def _server_info(self, port: int) -> dict[str, Any] | None:
+        info: dict[str, Any] = {}
+        for path in self.preset.info_paths:
+            url = f"http://{self.host.address}:{port}{path}"
+            try:
+                resp = requests.get(url, timeout=5)
+            except requests.RequestException:
+                continue
+            if resp.status_code != 200:
+                continue
+            try:
+                info[path] = resp.json()
+            except ValueError:
+                info[path] = _prometheus_subset(resp.text)
+        return info or None
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=1.0).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def _prometheus_subset(text: str, limit: int = 200) -> dict[str, float]:
+    """Numeric samples of a Prometheus text page (the first ``limit``), e.g. vLLM's /metrics."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            continue
+        if len(out) >= limit:
+            break
+    return out

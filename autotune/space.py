@@ -1,0 +1,384 @@
+"""Search spaces: YAML -> Optuna suggestions -> the env vars and flags of one launch.
+
+A space file looks like::
+
+    name: sglang_nccl
+    description: NCCL env vars and SGLang memory/scheduler flags
+    parameters:
+      NCCL_MIN_NCHANNELS: {type: int, low: 1, high: 32, log: true, env: NCCL_MIN_NCHANNELS, default: 1}
+      NCCL_ALGO: {type: categorical, choices: [unset, Ring, Tree], env: NCCL_ALGO, default: unset}
+      mem_fraction_static: {type: float, low: 0.5, high: 0.95, step: 0.01, flag: --mem-fraction-static}
+    rules:
+      - NCCL_MIN_NCHANNELS <= NCCL_MAX_NCHANNELS
+
+Every parameter is sampled independently over its whole range, so the sampler keeps one joint
+space (Optuna drops dependent ranges from the joint space). A rule ``A <= B`` is then enforced by
+*repair*: when a sample violates it, ``B`` is raised to ``A`` (or, if ``B`` cannot reach it, ``A``
+is lowered to ``B``). The objective is a deterministic function of the raw sample, so the sampler
+still learns; the values actually launched are recorded as ``applied``.
+
+The choice ``unset`` of a categorical parameter leaves the env var or flag out entirely.
+``companions`` are further flags/env vars applied together with a parameter whenever it is set
+(e.g. ``--speculative-algorithm EAGLE3`` with ``--speculative-num-draft-tokens``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import optuna
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from autotune import _resources
+from autotune._yaml import load_yaml_mapping, one_line
+from autotune.errors import ConfigError
+
+UNSET = "unset"
+ParamValue = Union[int, float, str, bool]
+
+
+class Companion(BaseModel):
+    """A flag or env var applied together with a parameter when that parameter is set."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    flag: str | None = None
+    env: str | None = None
+    value: str | int | float | bool | None = None
+    offset: int | None = Field(default=None, description="apply the parameter's value plus this")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Companion:
+        if (self.flag is None) == (self.env is None):
+            raise ValueError("a companion needs exactly one of 'flag' or 'env'")
+        if self.value is not None and self.offset is not None:
+            raise ValueError("a companion takes 'value' or 'offset', not both")
+        return self
+
+
+class Parameter(BaseModel):
+    """One tunable parameter and how it is applied to a launch."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["int", "float", "categorical", "bool"]
+    low: float | None = None
+    high: float | None = None
+    step: float | None = None
+    log: bool = False
+    choices: list[str | int | float | bool] | None = None
+    env: str | None = None
+    flag: str | None = None
+    default: str | int | float | bool | None = None
+    companions: list[Companion] = Field(default_factory=list)
+    help: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> Parameter:
+        if (self.env is None) == (self.flag is None):
+            raise ValueError("needs exactly one of 'env' (an env var) or 'flag' (e.g. --mem-fraction-static)")
+        if self.flag is not None and not self.flag.startswith("-"):
+            raise ValueError(f"flag '{self.flag}' must start with '-'")
+        if self.type in ("int", "float"):
+            if self.low is None or self.high is None:
+                raise ValueError(f"type {self.type} needs 'low' and 'high'")
+            if self.choices is not None:
+                raise ValueError(f"type {self.type} takes low/high, not choices")
+            if self.low > self.high:
+                raise ValueError(f"inverted range: low ({_fmt(self.low)}) > high ({_fmt(self.high)})")
+            if self.log and self.low <= 0:
+                raise ValueError("log scale needs low > 0")
+            if self.log and self.step not in (None, 1):
+                raise ValueError("'step' cannot be combined with log scale")
+            if self.type == "int":
+                for name in ("low", "high", "step"):
+                    value = getattr(self, name)
+                    if value is not None and value != int(value):
+                        raise ValueError(f"type int needs an integer '{name}', got {value}")
+            if self.step is not None and self.step <= 0:
+                raise ValueError("'step' must be > 0")
+        elif self.type == "categorical":
+            if not self.choices:
+                raise ValueError("type categorical needs a non-empty 'choices' list")
+            if len(set(map(repr, self.choices))) != len(self.choices):
+                raise ValueError("'choices' has duplicates")
+        else:
+            if self.choices is not None or self.low is not None or self.high is not None:
+                raise ValueError("type bool takes no range or choices")
+        if self.default is not None:
+            problem = self.out_of_range(self.default)
+            if problem:
+                raise ValueError(f"default {problem}")
+        return self
+
+    def distribution(self) -> optuna.distributions.BaseDistribution:
+        """The Optuna distribution that samples this parameter."""
+        if self.type == "int":
+            assert self.low is not None and self.high is not None
+            return optuna.distributions.IntDistribution(
+                int(self.low), int(self.high), log=self.log, step=int(self.step or 1)
+            )
+        if self.type == "float":
+            assert self.low is not None and self.high is not None
+            return optuna.distributions.FloatDistribution(self.low, self.high, log=self.log, step=self.step)
+        if self.type == "bool":
+            return optuna.distributions.CategoricalDistribution([False, True])
+        assert self.choices is not None
+        return optuna.distributions.CategoricalDistribution(self.choices)
+
+    def out_of_range(self, value: Any) -> str | None:
+        """A short description of why ``value`` is not a valid value, or None if it is."""
+        if self.type == "bool":
+            return None if isinstance(value, bool) else f"{value!r} is not true/false"
+        if self.type == "categorical":
+            assert self.choices is not None
+            if value in self.choices and not (isinstance(value, bool) and not any(isinstance(c, bool) for c in self.choices)):
+                return None
+            return f"{value!r} is not one of {self.choices}"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"{value!r} is not a number"
+        assert self.low is not None and self.high is not None
+        if self.type == "int" and value != int(value):
+            return f"{value!r} is not an integer"
+        if not (self.low <= value <= self.high):
+            return f"{_fmt(value)} is outside [{_fmt(self.low)}, {_fmt(self.high)}]"
+        if self.step is not None and not self.log:
+            k = (value - self.low) / self.step
+            if abs(k - round(k)) > 1e-6:
+                return f"{_fmt(value)} is not on the grid {_fmt(self.low)} + k*{_fmt(self.step)}"
+        return None
+
+    def normalise(self, value: Any) -> ParamValue:
+        """Coerce a valid value to the type Optuna stores (int for int parameters, ...)."""
+        if self.type == "int":
+            return int(value)
+        if self.type == "float":
+            return float(value)
+        return value  # type: ignore[no-any-return]
+
+
+_RULE = re.compile(r"^\s*([A-Za-z_][\w.-]*)\s*(<=|<|>=|>)\s*([A-Za-z_][\w.-]*)\s*$")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """``lower <= upper`` (or strict ``<``) between two numeric parameters."""
+
+    lower: str
+    upper: str
+    strict: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.lower} {'<' if self.strict else '<='} {self.upper}"
+
+    def holds(self, params: dict[str, Any]) -> bool:
+        a, b = params[self.lower], params[self.upper]
+        return bool(a < b) if self.strict else bool(a <= b)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What a set of parameter values does to a launch: env vars set and flags appended."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    args: list[str] = field(default_factory=list)
+    applied: dict[str, ParamValue] = field(default_factory=dict)
+
+
+class _SpaceFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    description: str | None = None
+    parameters: dict[str, Parameter]
+    rules: list[str] = Field(default_factory=list)
+
+
+class SearchSpace:
+    """A validated search space.
+
+    Contract: :meth:`suggest` asks every parameter of a trial (enqueued values are respected);
+    :meth:`repair` enforces the rules on a complete set of values; :meth:`to_launch` turns values
+    into env vars and flags. Values never pass through a shell here: flags are argv items.
+    """
+
+    def __init__(self, name: str, parameters: dict[str, Parameter], rules: list[Rule], description: str = "") -> None:
+        self.name = name
+        self.parameters = parameters
+        self.rules = rules
+        self.description = description
+
+    # -- loading ---------------------------------------------------------------------------
+    @classmethod
+    def load(cls, name_or_path: str) -> SearchSpace:
+        """Load a built-in space by name or a space file by path.
+
+        Raises:
+            ConfigError: missing file, malformed YAML, or an invalid parameter/rule.
+        """
+        try:
+            path = _resources.resolve("search_spaces", name_or_path)
+        except FileNotFoundError as exc:
+            raise ConfigError(str(exc)) from None
+        return cls.from_mapping(load_yaml_mapping(path, "search space"), source=str(name_or_path))
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any], source: str = "<space>") -> SearchSpace:
+        """Build a space from its parsed YAML mapping (see the module docstring)."""
+        try:
+            parsed = _SpaceFile.model_validate(data)
+        except pydantic.ValidationError as exc:
+            raise ConfigError(one_line(exc, f"search space {source}")) from None
+        params = parsed.parameters
+        if not params:
+            raise ConfigError(f"search space {source}: parameters: at least one parameter is needed")
+        targets: dict[str, str] = {}
+        for pname, p in params.items():
+            key = p.env or p.flag or ""
+            if key in targets:
+                raise ConfigError(f"search space {source}: parameters.{pname}: applies {key} like {targets[key]}")
+            targets[key] = pname
+        rules = []
+        for text in parsed.rules:
+            m = _RULE.match(text)
+            if not m:
+                raise ConfigError(f"search space {source}: rule '{text}': expected 'A <= B' between two parameters")
+            a, op, b = m.groups()
+            for n in (a, b):
+                if n not in params:
+                    raise ConfigError(f"search space {source}: rule '{text}': unknown parameter '{n}'")
+                if params[n].type not in ("int", "float"):
+                    raise ConfigError(f"search space {source}: rule '{text}': '{n}' is not numeric")
+            lower, upper = (a, b) if op in ("<=", "<") else (b, a)
+            rule = Rule(lower, upper, strict=op in ("<", ">"))
+            lo, up = params[lower], params[upper]
+            assert lo.low is not None and up.high is not None
+            if not rule.holds({lower: lo.low, upper: up.high}):
+                raise ConfigError(f"search space {source}: rule '{text}' can never hold with these ranges")
+            rules.append(rule)
+        return cls(parsed.name or Path(source).stem, params, rules, parsed.description or "")
+
+    # -- sampling --------------------------------------------------------------------------
+    def distributions(self) -> dict[str, optuna.distributions.BaseDistribution]:
+        return {n: p.distribution() for n, p in self.parameters.items()}
+
+    def suggest(self, trial: optuna.Trial) -> dict[str, ParamValue]:
+        """Ask the trial for a value of every parameter (raw, before rule repair)."""
+        values: dict[str, ParamValue] = {}
+        for n, p in self.parameters.items():
+            dist = p.distribution()
+            if isinstance(dist, optuna.distributions.IntDistribution):
+                values[n] = trial.suggest_int(n, dist.low, dist.high, step=dist.step, log=dist.log)
+            elif isinstance(dist, optuna.distributions.FloatDistribution):
+                values[n] = trial.suggest_float(n, dist.low, dist.high, step=dist.step, log=dist.log)
+            else:
+                assert isinstance(dist, optuna.distributions.CategoricalDistribution)
+                values[n] = trial.suggest_categorical(n, dist.choices)  # type: ignore[arg-type]
+        return values
+
+    def complete(self, partial: dict[str, Any], what: str = "baseline") -> dict[str, ParamValue]:
+        """Fill the parameters missing from ``partial`` with their defaults, validating everything.
+
+        Raises:
+            ConfigError: an unknown parameter, a value outside its range, or a missing parameter
+                without a default.
+        """
+        out: dict[str, ParamValue] = {}
+        for key, value in partial.items():
+            if key not in self.parameters:
+                raise ConfigError(f"{what}: unknown parameter '{key}' (space {self.name} has: {', '.join(self.parameters)})")
+            problem = self.parameters[key].out_of_range(value)
+            if problem:
+                raise ConfigError(f"{what}: {key}={problem}")
+            out[key] = self.parameters[key].normalise(value)
+        for n, p in self.parameters.items():
+            if n not in out:
+                if p.default is None:
+                    raise ConfigError(f"{what}: no value for '{n}' and the space gives it no default")
+                out[n] = p.normalise(p.default)
+        for rule in self.rules:
+            if not rule.holds(out):
+                raise ConfigError(f"{what}: breaks the rule {rule} ({rule.lower}={out[rule.lower]}, {rule.upper}={out[rule.upper]})")
+        return {n: out[n] for n in self.parameters}
+
+    def repair(self, values: dict[str, ParamValue]) -> dict[str, ParamValue]:
+        """Enforce the rules: raise the upper side to the lower one, else lower the lower side."""
+        fixed = dict(values)
+        for rule in self.rules:
+            if rule.holds(fixed):
+                continue
+            lo_p, up_p = self.parameters[rule.lower], self.parameters[rule.upper]
+            assert up_p.high is not None and lo_p.low is not None
+            a = fixed[rule.lower]
+            target = _next_up(up_p, a) if rule.strict else a
+            if isinstance(target, (int, float)) and target <= up_p.high:
+                fixed[rule.upper] = up_p.normalise(target)
+            else:
+                b = fixed[rule.upper]
+                fixed[rule.lower] = lo_p.normalise(_next_down(lo_p, b) if rule.strict else b)
+        return fixed
+
+    def to_launch(self, values: dict[str, ParamValue]) -> Launch:
+        """The env vars and flags for one launch (rules repaired first)."""
+        applied = self.repair(values)
+        env: dict[str, str] = {}
+        args: list[str] = []
+        for n, p in self.parameters.items():
+            v = applied[n]
+            if v == UNSET or (p.type == "bool" and p.flag is not None and v is False):
+                continue
+            if p.env is not None:
+                env[p.env] = _env_text(v)
+            elif p.type == "bool":
+                args.append(p.flag or "")
+            else:
+                args += [p.flag or "", _arg_text(v)]
+            for c in p.companions:
+                cv: Any = v
+                if c.offset is not None and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    cv = v + c.offset
+                elif c.value is not None:
+                    cv = c.value
+                if c.env is not None:
+                    env[c.env] = _env_text(cv)
+                elif cv is True:
+                    args.append(c.flag or "")
+                else:
+                    args += [c.flag or "", _arg_text(cv)]
+        return Launch(env=env, args=args, applied=applied)
+
+
+def load_space(name_or_path: str) -> SearchSpace:
+    """Shorthand for :meth:`SearchSpace.load`."""
+    return SearchSpace.load(name_or_path)
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _arg_text(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return repr(round(v, 10)) if not v.is_integer() else str(int(v)) if abs(v) >= 1 else repr(v)
+    return str(v)
+
+
+def _env_text(v: Any) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return _arg_text(v)
+
+
+def _next_up(p: Parameter, x: Any) -> float:
+    return x + (p.step or 1) if p.type == "int" else math.nextafter(float(x), math.inf) if p.step is None else x + p.step
+
+
+def _next_down(p: Parameter, x: Any) -> float:
+    return x - (p.step or 1) if p.type == "int" else math.nextafter(float(x), -math.inf) if p.step is None else x - p.step
