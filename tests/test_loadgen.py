@@ -1,0 +1,244 @@
+"""Tests of the load generator against a real streaming HTTP server (tests/streaming_server.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+import json
+from pathlib import Path
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Literal
+import urllib.request
+
+import pytest
+
+from autotune.loadgen import LoadError, Workload, run_load_sync
+from autotune.loadgen import _Client
+
+SERVER = Path(__file__).with_name("streaming_server.py")
+TTFT = 0.02  # the server's defaults, seconds
+DELAY = 0.005
+
+StartServer = Callable[..., str]
+Api = Literal["openai", "sglang"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.fixture
+def start_server() -> Iterator[StartServer]:
+    """Starts ``streaming_server.py`` with the given flags; returns its base URL once it answers."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(*flags: str) -> str:
+        port = _free_port()
+        proc = subprocess.Popen([sys.executable, str(SERVER), "--port", str(port), *flags],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                _get(url + "/stats")
+                return url
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"test server did not start (exit code {proc.poll()})") from None
+                time.sleep(0.05)
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def _expected_latency(output_len: int, chunk_tokens: int = 1) -> float:
+    """The test server's request latency: first token after TTFT, then chunks on a fixed schedule."""
+    chunks_after_first = -(-(output_len - 1) // chunk_tokens)
+    return TTFT + chunks_after_first * chunk_tokens * DELAY
+
+
+@pytest.mark.parametrize("api", ["openai", "sglang"])
+def test_counts_throughput_and_latency(start_server: StartServer, api: Api) -> None:
+    url = start_server()
+    progress: list[tuple[int, int]] = []
+    w = Workload(api=api, num_prompts=32, concurrency=8, input_len=64, output_len=40, warmup_prompts=4)
+    result = run_load_sync(url, w, on_progress=lambda done, total: progress.append((done, total)))
+    stats = _get(url + "/stats")
+
+    assert (result.completed, result.failed, result.errors) == (32, 0, [])
+    m = result.metrics
+    # Token counts are exact, and warm-up requests (sent: the server saw them) are not counted.
+    assert stats["requests"] == 36 and stats["max_tokens"] == [40]
+    assert m["output_tokens"] == 32 * 40 and m["input_tokens"] == 32 * 64
+    assert m["completed"] == 32 and m["failed"] == 0 and m["max_concurrency"] == 8
+    # Concurrency respected and reached.
+    assert stats["max_in_flight"] == 8
+    # 32 requests, 8 at a time: 4 waves of one request latency each. Warm-up excluded from duration
+    # (including it would add 25%), so the tolerance below does not pass by accident.
+    latency = _expected_latency(40)
+    expected_duration = 4 * latency
+    assert result.duration_s == pytest.approx(expected_duration, rel=0.12)
+    assert m["output_throughput"] == pytest.approx(32 * 40 / expected_duration, rel=0.12)
+    assert m["total_throughput"] == pytest.approx(32 * (40 + 64) / result.duration_s, rel=1e-9)
+    assert m["request_throughput"] == pytest.approx(32 / result.duration_s, rel=1e-9)
+    assert TTFT * 1000 <= m["median_ttft_ms"] < TTFT * 1000 + 15
+    assert m["p99_ttft_ms"] >= m["median_ttft_ms"]
+    assert m["median_tpot_ms"] == pytest.approx(DELAY * 1000, rel=0.2)
+    assert m["median_itl_ms"] == pytest.approx(DELAY * 1000, rel=0.3)
+    assert m["median_e2e_latency_ms"] == pytest.approx(latency * 1000, rel=0.1)
+    # Progress: monotone, ends at (total, total), warm-up not reported.
+    assert progress[-1] == (32, 32)
+    assert [d for d, _ in progress] == sorted(d for d, _ in progress)
+    assert all(total == 32 for _, total in progress)
+
+
+@pytest.mark.parametrize(("api", "itl_tokens"), [("openai", 4), ("sglang", 1)])
+def test_coalesced_chunks(start_server: StartServer, api: Api, itl_tokens: int) -> None:
+    """Chunks of 4 tokens: counts from the server are exact; SGLang's ITL is per token, OpenAI's per chunk."""
+    url = start_server("--chunk-tokens", "4")
+    w = Workload(api=api, num_prompts=8, concurrency=8, input_len=16, output_len=41, warmup_prompts=0)
+    result = run_load_sync(url, w)
+    m = result.metrics
+    assert result.completed == 8 and m["output_tokens"] == 8 * 41
+    # 41 tokens = 1 + 10 chunks of 4, one every 4 * DELAY: TPOT is exactly DELAY.
+    assert m["median_tpot_ms"] == pytest.approx(DELAY * 1000, rel=0.2)
+    assert m["median_itl_ms"] == pytest.approx(itl_tokens * DELAY * 1000, rel=0.3)
+    assert m["median_e2e_latency_ms"] == pytest.approx(_expected_latency(41, 4) * 1000, rel=0.1)
+
+
+def test_tokens_counted_from_chunks_without_usage(start_server: StartServer) -> None:
+    url = start_server("--no-usage")
+    result = run_load_sync(url, Workload(num_prompts=8, concurrency=4, input_len=16, output_len=25, warmup_prompts=0))
+    assert result.completed == 8 and result.metrics["output_tokens"] == 8 * 25
+    # Without a usage chunk the prompt size is the workload's.
+    assert result.metrics["input_tokens"] == 8 * 16
+
+
+def test_model_lookup_and_wrong_model(start_server: StartServer) -> None:
+    url = start_server("--model", "served-name")
+    assert run_load_sync(url, Workload(num_prompts=4, concurrency=4, output_len=4, warmup_prompts=0)).completed == 4
+    result = run_load_sync(url, Workload(num_prompts=4, concurrency=4, output_len=4, warmup_prompts=0, model="other"))
+    assert (result.completed, result.failed) == (0, 4)
+    assert len(result.errors) == 1 and result.errors[0].startswith("HTTP 404:")
+    assert "mean_ttft_ms" not in result.metrics and result.metrics["output_throughput"] == 0
+
+
+def test_http_errors_and_truncated_streams_are_failures(start_server: StartServer) -> None:
+    url = start_server("--fail-every", "4")
+    result = run_load_sync(url, Workload(api="sglang", num_prompts=16, concurrency=4, output_len=10, warmup_prompts=0))
+    assert (result.completed, result.failed) == (12, 4)
+    assert result.errors == ["HTTP 500: injected failure"]
+    assert result.metrics["output_tokens"] == 12 * 10
+
+    url = start_server("--truncate-every", "4")
+    result = run_load_sync(url, Workload(num_prompts=16, concurrency=4, output_len=10, warmup_prompts=0))
+    assert (result.completed, result.failed) == (12, 4)
+    assert len(result.errors) == 1 and "without data: [DONE]" in result.errors[0]
+
+
+@pytest.mark.parametrize("rate", [None, 20.0])
+def test_server_exit_mid_run_ends_promptly(start_server: StartServer, rate: float | None) -> None:
+    url = start_server("--exit-after", "10", "--exit-delay", "0.1")
+    w = Workload(num_prompts=200, concurrency=8, output_len=100, warmup_prompts=0, request_rate=rate)
+    started = time.monotonic()
+    result = run_load_sync(url, w)
+    elapsed = time.monotonic() - started
+    # Without the crash: ~13 s closed loop, ~10 s at 20 requests/s.
+    assert elapsed < 2.5
+    assert result.completed < 10 and result.completed + result.failed == 200
+    assert any("ClientConnectorError" in e for e in result.errors)
+    assert result.metrics["output_tokens"] == result.completed * 100
+
+
+def test_should_stop_cancels_in_flight(start_server: StartServer) -> None:
+    url = start_server("--token-delay", "0.05")
+    w = Workload(num_prompts=64, concurrency=4, output_len=100, warmup_prompts=0)  # 5 s per request
+    started = time.monotonic()
+    result = run_load_sync(url, w, should_stop=lambda: time.monotonic() - started > 0.3)
+    elapsed = time.monotonic() - started
+    assert elapsed < 1.0
+    assert (result.completed, result.failed) == (0, 4)
+    assert 0.3 <= result.duration_s < 1.0
+    assert any(e.startswith("Cancelled:") for e in result.errors)
+
+
+def test_request_timeout(start_server: StartServer) -> None:
+    url = start_server("--ttft", "3")
+    started = time.monotonic()
+    result = run_load_sync(url, Workload(num_prompts=4, concurrency=4, warmup_prompts=0, request_timeout_s=0.3))
+    assert time.monotonic() - started < 2.0
+    assert (result.completed, result.failed) == (0, 4)
+    assert result.errors == ["TimeoutError: no complete response within 0.3 s"]
+
+
+def test_poisson_arrivals(start_server: StartServer) -> None:
+    url = start_server()
+    w = Workload(num_prompts=40, concurrency=40, output_len=5, warmup_prompts=0, request_rate=40.0)
+    result = run_load_sync(url, w)
+    stats = _get(url + "/stats")
+    assert result.completed == 40
+    # 40 arrivals at 40/s span about a second (closed loop would take one latency, ~0.04 s), and
+    # requests of ~0.04 s then rarely overlap (closed loop would put all 40 in flight).
+    assert 0.5 < result.duration_s < 2.0
+    assert stats["max_in_flight"] <= 8
+
+
+def test_dead_server_fails_fast() -> None:
+    url = f"http://127.0.0.1:{_free_port()}"
+    started = time.monotonic()
+    result = run_load_sync(url, Workload(num_prompts=50, concurrency=8))
+    assert time.monotonic() - started < 3
+    assert (result.completed, result.failed) == (0, 50)
+    assert result.errors[0].startswith("GET /v1/models: ClientConnectorError")
+
+
+def test_prompts_are_deterministic_and_sized() -> None:
+    w = Workload(input_len=100, output_len=7)
+    client = _Client(None, "http://x", w, "m")  # type: ignore[arg-type]
+    body = client.payload(0, 3)
+    assert body == client.payload(0, 3) and body != client.payload(0, 4)
+    assert len(body["prompt"].split()) == 100 and body["max_tokens"] == 7 and body["ignore_eos"] is True
+    other = _Client(None, "http://x", Workload(input_len=100, seed=1), "m")  # type: ignore[arg-type]
+    assert other.payload(0, 3)["prompt"] != body["prompt"]
+    sg = _Client(None, "http://x", Workload(api="sglang", input_len=100), None)  # type: ignore[arg-type]
+    ids = sg.payload(0, 0)["input_ids"]
+    assert len(ids) == 100 and all(isinstance(i, int) and i > 0 for i in ids)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"api": "grpc"},
+        {"num_prompts": 0},
+        {"concurrency": -1},
+        {"input_len": 1.5},
+        {"output_len": True},
+        {"warmup_prompts": -1},
+        {"request_rate": 0},
+        {"request_rate": float("inf")},
+        {"request_timeout_s": 0},
+        {"model": ""},
+    ],
+)
+def test_bad_workload(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError) as info:
+        Workload(**kwargs)
+    message = str(info.value)
+    assert "\n" not in message and next(iter(kwargs)) in message
+
+
+def test_bad_base_url() -> None:
+    with pytest.raises(LoadError):
+        run_load_sync("localhost:8000", Workload())
