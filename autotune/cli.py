@@ -26,8 +26,13 @@ try:
 except ImportError:  # pragma: no cover - the simulator ships with the package
     pass
 
-_out = Console()
-_err = Console(stderr=True)
+def _console(stderr: bool = False) -> Console:
+    probe = Console(stderr=stderr)
+    return probe if probe.is_terminal else Console(stderr=stderr, width=150)
+
+
+_out = _console()
+_err = _console(stderr=True)
 
 StorageOpt = typer.Option(DEFAULT_STORAGE, "--storage", help="Optuna storage URL.")
 
@@ -46,6 +51,8 @@ def study_start(
     trials: Optional[int] = typer.Option(None, "--trials", min=1, help="Override the trial budget."),
     executor: str = typer.Option("serial", "--executor", help="serial (only one for now)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Sampler seed."),
+    baseline_from: Optional[str] = typer.Option(None, "--baseline-from", metavar="STUDY[@STORAGE]",
+                                                help="Use the best trial of another study as the baseline."),
 ) -> None:
     """Start a study (or continue the one of the same name)."""
     from autotune.demo import DEMO_CONFIG
@@ -60,6 +67,9 @@ def study_start(
         overrides["storage"] = storage
     if seed is not None:
         overrides["seed"] = seed
+    if baseline_from:
+        other, _, other_storage = baseline_from.partition("@")
+        overrides["baseline_from"] = {"study": other, "storage": other_storage or None}
     if overrides:
         cfg = StudyConfig.from_mapping({**cfg.model_dump(), **overrides}, "command line")
     if executor != "serial":
@@ -92,7 +102,11 @@ def _run_study(cfg: StudyConfig, trials: int | None) -> None:
 
     space = SearchSpace.load(cfg.space)
     objective = Objective.load_file(cfg.objective, cfg.objective_overrides)
+    if cfg.baseline_from is not None:
+        cfg = cfg.model_copy(update={"baseline": _baseline_from(cfg, space)})
     space.complete(cfg.baseline)  # validate the baseline before anything runs
+    if preset_needs_benchmark(cfg.target.engine) and objective.benchmark is None:
+        raise UsageError(f"engine '{cfg.target.engine}' runs no server: the objective needs a 'benchmark' command")
     if cfg.storage.startswith("sqlite:///"):
         db_dir = Path(cfg.storage.removeprefix("sqlite:///")).parent
         if not db_dir.is_dir():
@@ -124,6 +138,29 @@ def _run_study(cfg: StudyConfig, trials: int | None) -> None:
     _print_best(run.study, objective.metric)
 
 
+def preset_needs_benchmark(engine: str) -> bool:
+    from autotune.engines import get_preset
+
+    return get_preset(engine).serverless
+
+
+def _baseline_from(cfg: StudyConfig, space: Any) -> dict[str, Any]:
+    """The best trial of ``cfg.baseline_from`` restricted to this space, under ``cfg.baseline``."""
+    from autotune.study_view import best_view, load_study
+
+    assert cfg.baseline_from is not None
+    source = load_study(cfg.baseline_from.study, cfg.baseline_from.storage or cfg.storage)
+    best = best_view(source)
+    if best is None:
+        raise UsageError(f"baseline_from: study '{source.study_name}' has no feasible trial")
+    shared = {k: v for k, v in best.params.items() if k in space.parameters}
+    if not shared:
+        raise UsageError(f"baseline_from: study '{source.study_name}' shares no parameter with space {space.name}")
+    _err.print(f"baseline from study {source.study_name} trial {best.number}: "
+               + " ".join(f"{k}={v}" for k, v in shared.items()))
+    return {**shared, **cfg.baseline}
+
+
 def _print_best(study: Any, metric: str) -> None:
     from autotune.study_view import best_view, trial_views
 
@@ -133,7 +170,9 @@ def _print_best(study: Any, metric: str) -> None:
         return
     base = [v for v in trial_views(study) if v.baseline and v.value is not None]
     vs = ""
-    if base and base[0].value:
+    if best.baseline:
+        vs = " (the baseline)"
+    elif base and base[0].value:
         vs = f" ({best.value / base[0].value:.2f}x the baseline's {base[0].value:.4g})"  # type: ignore[operator]
     _out.print(f"best: trial {best.number} {metric}={best.value:.4g}{vs}")
     _out.print("  " + " ".join(f"{k}={v}" for k, v in best.params.items()))
@@ -188,7 +227,7 @@ def study_show(name: str, storage: str = StorageOpt, as_json: bool = typer.Optio
         return
     metric = (study.user_attrs.get("objective") or {}).get("metric", "value")
     views = trial_views(study)
-    _out.print(summary_table(views, metric))
+    _out.print(summary_table(views, metric, study.direction.name == "MAXIMIZE"))
     if excerpts:
         for v in views:
             if v.failure:
@@ -213,6 +252,31 @@ def study_best(name: str, storage: str = StorageOpt, as_json: bool = typer.Optio
     _print_best(study, (study.user_attrs.get("objective") or {}).get("metric", "value"))
 
 
+@study_app.command("explain")
+def study_explain(name: str, storage: str = StorageOpt, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Which parameters mattered, and which values crash."""
+    from autotune.analysis import explain
+    from autotune.study_view import load_study
+
+    doc = explain(load_study(name, storage))
+    if as_json:
+        _print_json(doc)
+        return
+    _out.print(f"[bold]{doc['study']}[/bold]: {doc['trials']} trials, outcomes {doc['outcomes']}")
+    if doc["failure_kinds"]:
+        _out.print("failure kinds: " + ", ".join(f"{k} x{n}" for k, n in doc["failure_kinds"].items()))
+    if doc["failure_rules"]:
+        _out.print("[bold]what fails[/bold]")
+        for rule in doc["failure_rules"]:
+            _out.print(f"  {rule}")
+    if doc["importances"]:
+        _out.print("[bold]what matters[/bold] (fANOVA over feasible trials)")
+        for k, v in doc["importances"].items():
+            _out.print(f"  {k:32s} {v:.3f}")
+    else:
+        _out.print("importances: too few feasible trials")
+
+
 # -- export / dashboard -------------------------------------------------------------------------
 @app.command("export")
 def export(
@@ -223,7 +287,7 @@ def export(
     port: Optional[int] = typer.Option(None, "--port", help="Port in the profile (default: the engine's)."),
 ) -> None:
     """Export the best configuration of a study as a launch profile."""
-    from autotune.engines import PRESETS
+    from autotune.engines.registry import PRESETS
     from autotune.export import FORMATS, profile, render
     from autotune.study_view import best_view, load_study
 

@@ -32,7 +32,7 @@ from autotune._yaml import load_yaml_mapping, one_line
 from autotune.errors import ConfigError
 
 DEFAULT_STORAGE = "sqlite:///autotune.db"
-Engine = Literal["sim", "sglang", "vllm", "transformers", "custom"]
+Engine = Literal["sim", "sglang", "vllm", "transformers", "custom", "none"]
 
 
 class TargetConfig(BaseModel):
@@ -76,6 +76,8 @@ class TargetConfig(BaseModel):
             raise ValueError("engine 'custom' needs a 'command' template with {port}")
         if self.engine in ("sglang", "vllm", "transformers") and not (self.model or self.command):
             raise ValueError(f"engine '{self.engine}' needs a 'model' (or a full 'command')")
+        if self.engine == "none" and self.command:
+            raise ValueError("engine 'none' runs the objective's benchmark command; it takes no 'command'")
         if self.command is not None and "{port}" not in self.command:
             raise ValueError("'command' must contain {port}")
         return self
@@ -90,6 +92,15 @@ class BudgetConfig(BaseModel):
     hours: float | None = Field(default=None, gt=0)
 
 
+class BaselineFrom(BaseModel):
+    """Take the baseline from the best trial of another study (e.g. an NCCL-only study)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    study: str = Field(min_length=1)
+    storage: str | None = None
+
+
 class StudyConfig(BaseModel):
     """A whole study: target, space, objective, baseline, budget and storage."""
 
@@ -101,6 +112,7 @@ class StudyConfig(BaseModel):
     objective: str = "throughput"
     objective_overrides: dict[str, Any] = Field(default_factory=dict)
     baseline: dict[str, Any] = Field(default_factory=dict)
+    baseline_from: BaselineFrom | None = None
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
     storage: str = DEFAULT_STORAGE
     sampler: Literal["tpe", "gp", "random"] = "tpe"

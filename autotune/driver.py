@@ -20,6 +20,7 @@ continues: stale RUNNING trials are failed and their parameters enqueued again.
 from __future__ import annotations
 
 import datetime
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -29,6 +30,7 @@ from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.trial import TrialState
 
 from autotune.config import StudyConfig
+from autotune.hosts import kill_stale_local_server
 from autotune.objective import Objective
 from autotune.runner import TrialResult, TrialSpec
 from autotune.space import SearchSpace
@@ -151,7 +153,11 @@ class Driver:
         elif study.direction.name.lower() != self.objective.direction:
             raise ValueError(f"study '{self.config.name}' exists with direction {study.direction.name.lower()}")
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            # Heartbeats only work inside study.optimize, so an ask/tell driver fails these itself.
+            # Heartbeats only work inside study.optimize, so an ask/tell driver fails these itself,
+            # after killing the server a dead driver may have left behind.
+            pgid, argv = t.user_attrs.get("server_pgid"), t.user_attrs.get("argv")
+            if pgid and argv and t.user_attrs.get("host", "local") == "local":
+                kill_stale_local_server(int(pgid), argv)
             study._storage.set_trial_user_attr(t._trial_id, "outcome", "fault")
             study._storage.set_trial_user_attr(t._trial_id, "failure_kind", "interrupted")
             study.tell(t.number, state=TrialState.FAIL)
@@ -180,8 +186,16 @@ class Driver:
             is_baseline = bool(trial.user_attrs.get("baseline"))
             self.reporter.trial_started(trial.number, launch.applied, is_baseline)
             spec = TrialSpec(trial.number, env=launch.env, args=launch.args)
+            def on_phase(phase: str, detail: str, trial: optuna.Trial = trial) -> None:
+                if phase == "launched":
+                    info = json.loads(detail)
+                    trial.set_user_attr("server_pgid", info.get("pgid"))
+                    trial.set_user_attr("argv", info.get("argv"))
+                    return
+                self.reporter.phase(trial.number, phase, detail)
+
             try:
-                result = self.executor.run(spec, lambda phase, detail, n=trial.number: self.reporter.phase(n, phase, detail))
+                result = self.executor.run(spec, on_phase)
             except KeyboardInterrupt:
                 study.tell(trial, state=TrialState.FAIL)
                 raise

@@ -24,9 +24,12 @@ INFEASIBLE_KINDS = frozenset(
         "crash-under-load",
         "request-errors",
         "slo-violated",
+        "timeout",
     }
 )
-FAULT_KINDS = frozenset({"launch-failed", "port-busy", "host-unreachable", "teardown-failed"})
+FAULT_KINDS = frozenset(
+    {"launch-failed", "port-busy", "host-unreachable", "benchmark-failed", "benchmark-timeout", "result-unparsed", "interrupted"}
+)
 
 
 @dataclass(frozen=True)

@@ -156,6 +156,25 @@ class LocalHost(Host):
             return int(s.getsockname()[1])
 
 
+def kill_stale_local_server(pgid: int, argv: Sequence[str]) -> bool:
+    """Kill the process group ``pgid`` left by a driver that died, if it is still that server.
+
+    The group leader's command line must equal ``argv`` (so a recycled pid is never touched).
+    Returns True if a group was killed.
+    """
+    try:
+        cmdline = Path(f"/proc/{pgid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    if [c.decode(errors="replace") for c in cmdline if c] != list(argv):
+        return False
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 def make_host(spec: str) -> Host:
     """A host from its config spelling. Only ``local`` exists in this version (the config
     validation rejects other spellings before a study starts)."""

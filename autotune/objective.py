@@ -7,6 +7,11 @@ An objective file looks like::
     direction: maximize
     load: {concurrency: 256, num_prompts: 1024, input_len: 256, output_len: 128, warmup_prompts: 16}
     constraints: ["p99_ttft_ms <= 2000"]   # a trial breaking one is infeasible (slo-violated)
+
+or, instead of the built-in load generator, an external benchmark whose output is parsed::
+
+    benchmark: {command: "python -m sglang.bench_serving --port {port} --output-file {result_file}",
+                parse: sglang-bench-serving}
 """
 
 from __future__ import annotations
@@ -41,6 +46,26 @@ class LoadSpec(BaseModel):
     max_failed_fraction: float = Field(default=0.02, ge=0, le=1)
 
 
+ResultFormat = Literal["sglang-bench-serving", "vllm-bench", "nccl-tests", "json", "collectives"]
+
+
+class BenchmarkSpec(BaseModel):
+    """An external benchmark command whose output is parsed into metrics.
+
+    ``command`` words may hold ``{python}``, ``{host}``, ``{port}``, ``{base_url}``, ``{model}``
+    and ``{result_file}``; the result is read from ``{result_file}`` when the command names it,
+    else from the command's output. With ``engine: none`` (no server) the trial's env applies to
+    the command and the trial's flags are appended to it.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: str = Field(min_length=1)
+    parse: ResultFormat
+    json_path: str | None = None
+    timeout_s: float = Field(default=600.0, gt=0)
+
+
 @dataclass(frozen=True)
 class Constraint:
     """``metric <= bound`` or ``metric >= bound``; :meth:`violation` > 0 means broken."""
@@ -67,6 +92,7 @@ class _ObjectiveFile(BaseModel):
     metric: str = "output_throughput"
     direction: Literal["maximize", "minimize"] = "maximize"
     load: LoadSpec = Field(default_factory=LoadSpec)
+    benchmark: BenchmarkSpec | None = None
     constraints: list[str] = Field(default_factory=list)
 
 
@@ -79,6 +105,7 @@ class Objective:
     direction: Literal["maximize", "minimize"]
     load: LoadSpec
     constraints: tuple[Constraint, ...]
+    benchmark: BenchmarkSpec | None = None
 
     @classmethod
     def load_file(cls, name_or_path: str, overrides: dict[str, Any] | None = None) -> Objective:
@@ -114,4 +141,4 @@ class Objective:
                 raise ConfigError(f"objective {source}: constraint '{text}': expected 'metric <= number' or 'metric >= number'")
             constraints.append(Constraint(m.group(1), m.group(2), float(m.group(3))))
         name = parsed.name or source.rsplit("/", 1)[-1].removesuffix(".yaml")
-        return cls(name, parsed.metric, parsed.direction, parsed.load, tuple(constraints))
+        return cls(name, parsed.metric, parsed.direction, parsed.load, tuple(constraints), parsed.benchmark)

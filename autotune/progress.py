@@ -80,7 +80,8 @@ class ConsoleReporter:
         if self.live is not None:
             self.live.stop()
             self.live = None
-        self.console.print(summary_table(trial_views(study), self.metric))
+        maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+        self.console.print(summary_table(trial_views(study), self.metric, maximize))
         if reason:
             self.console.print(reason)
 
@@ -97,16 +98,20 @@ class ConsoleReporter:
         )
 
 
-def summary_table(views: list[TrialView], metric: str, limit_params: int = 6) -> Table:
-    """A table of every trial: number, outcome, value, failure kind, parameters, duration."""
-    table = Table(title="trials", show_lines=False)
-    for col in ("#", "outcome", metric, "failure", "parameters", "time"):
+def summary_table(views: list[TrialView], metric: str, maximize: bool = True) -> Table:
+    """A table of every trial: number, outcome, value, failure kind, the parameters that differ
+    from the baseline's (all of them for the baseline), duration. The best trial is in green."""
+    table = Table(title=f"trials ({metric})", show_lines=False)
+    for col in ("#", "outcome", "value", "failure", "parameters (vs baseline)", "time"):
         table.add_column(col, overflow="fold")
-    best = max((v.value for v in views if v.value is not None and v.outcome == "ok"), default=None)
+    values = [v.value for v in views if v.value is not None]
+    best = (max if maximize else min)(values) if values else None
+    base = next((v.params for v in views if v.baseline), {})
     for v in views:
         value = "" if v.value is None else f"{v.value:.4g}"
         style = "bold green" if v.value is not None and v.value == best else None
-        params = " ".join(f"{k}={p}" for k, p in list(v.params.items())[:limit_params] if p != "unset")
-        table.add_row(str(v.number) + (" b" if v.baseline else ""), v.outcome, value, v.failure_kind or "",
+        shown = v.params if v.baseline else {k: p for k, p in v.params.items() if base.get(k) != p}
+        params = " ".join(f"{k}={p}" for k, p in shown.items())
+        table.add_row(str(v.number) + (" (baseline)" if v.baseline else ""), v.outcome, value, v.failure_kind or "",
                       params, f"{v.duration_s:.1f}s" if v.duration_s else "", style=style)
     return table

@@ -8,6 +8,9 @@ and the log excerpt is read before the process is killed.
 
 from __future__ import annotations
 
+import json
+import shlex
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,14 +19,17 @@ from typing import Any, Callable, Literal
 import requests
 
 from autotune.engines import EnginePreset
-from autotune.failures import Failure, classify, excerpt, find_error
+from autotune.failures import FAULT_KINDS, Failure, classify, excerpt, find_error
 from autotune.hosts import Host, HostFault, ServerProcess
 from autotune.loadgen import Workload, run_load_sync
 from autotune.objective import Objective
+from autotune.results import ResultParseError, parse_result
 
 Outcome = Literal["ok", "infeasible", "fault"]
 PhaseCallback = Callable[[str, str], None]
-"""Called as ``on_phase(phase, detail)`` with phase launching | warming | measuring | teardown."""
+"""Called as ``on_phase(phase, detail)`` with phase launching | launched | warming | measuring |
+teardown; for ``launched`` the detail is JSON ``{"pgid", "argv", "port"}`` so the driver can record
+the server before anything else happens (and kill it on resume if the driver died)."""
 
 POLL_S = 0.1
 TAIL_AFTER_ERROR_S = 1.0
@@ -139,19 +145,29 @@ class TrialRunner:
         proc: ServerProcess | None = None
         watcher = LogWatcher(log_path)
         try:
+            if self.preset.serverless:
+                result.argv, result.argv_template, result.port = [], [], 0
+                self._benchmark(spec, None, None, 0, result, phase_cb)
+                self._check_slo(result)
+                return result
             self.host.wait_port_free(port, timeout_s=5.0)
             if log_path.exists():
                 log_path.unlink()
             phase_cb("launching", " ".join(argv[-6:]))
             proc = self.host.launch(argv, env, log_path)
+            phase_cb("launched", json.dumps({"pgid": getattr(proc, "pgid", None), "argv": argv, "port": port}))
             failure = self._wait_ready(proc, watcher, port, phase_cb)
             if failure is not None:
-                result.outcome = "fault" if failure.kind == "launch-failed" else "infeasible"
+                result.outcome = "fault" if failure.kind in FAULT_KINDS else "infeasible"
                 result.failure = failure
                 return result
             result.startup_s = time.monotonic() - started
             result.server_info = self._server_info(port)
-            self._measure(proc, watcher, port, result, phase_cb)
+            if self.objective.benchmark is not None:
+                self._benchmark(spec, proc, watcher, port, result, phase_cb)
+            else:
+                self._measure(proc, watcher, port, result, phase_cb)
+            self._check_slo(result)
             return result
         except HostFault as fault:
             result.outcome = "fault"
@@ -165,9 +181,8 @@ class TrialRunner:
                 try:
                     self.host.wait_port_free(port)
                 except HostFault as fault:
-                    if result.outcome == "ok" or result.outcome == "infeasible":
-                        # The trial's result stands; the host is flagged for the next one.
-                        result.failure = result.failure or Failure(fault.kind, str(fault), "")
+                    # The trial's result stands; the next trial's launch reports the busy port.
+                    result.failure = result.failure or Failure(fault.kind, str(fault), "")
             result.duration_s = time.monotonic() - started
 
     # -- phases ---------------------------------------------------------------------------
@@ -250,6 +265,11 @@ class TrialRunner:
                 excerpt(watcher.text),
             )
             return
+
+    def _check_slo(self, result: TrialResult) -> None:
+        """Evaluate the objective's constraints on a measured trial; broken -> slo-violated."""
+        if result.outcome != "ok":
+            return
         for c in self.objective.constraints:
             result.violations[str(c)] = c.violation(result.metrics)
         broken = [name for name, v in result.violations.items() if v > 0]
@@ -257,6 +277,76 @@ class TrialRunner:
             result.outcome = "infeasible"
             shown = ", ".join(f"{name} (got {result.metrics.get(name.split()[0], float('nan')):.4g})" for name in broken)
             result.failure = Failure("slo-violated", f"SLO broken: {shown}", "")
+
+    def _benchmark(
+        self,
+        spec: TrialSpec,
+        server: ServerProcess | None,
+        server_log: LogWatcher | None,
+        port: int,
+        result: TrialResult,
+        phase_cb: PhaseCallback,
+    ) -> None:
+        """Run the objective's benchmark command and parse its result into ``result.metrics``.
+
+        With no server (``engine: none``) the command *is* the trial: the trial's env applies,
+        its flags are appended, and a failure is classified like a server's (infeasible). With a
+        server, a server death during the benchmark is ``crash-under-load``.
+        """
+        bench = self.objective.benchmark
+        assert bench is not None
+        result_file = self.log_dir / f"trial-{spec.number:04d}.result"
+        bench_log = self.log_dir / (f"trial-{spec.number:04d}.log" if server is None else f"trial-{spec.number:04d}.bench.log")
+        for stale in (result_file, bench_log):
+            if stale.exists():
+                stale.unlink()
+        values = {**self.fields, "python": sys.executable, "host": self.host.address, "port": str(port),
+                  "base_url": f"http://{self.host.address}:{port}", "result_file": str(result_file)}
+        argv = [w.format(**values) for w in shlex.split(bench.command)]
+        env = dict(self.fixed_env)
+        if server is None:
+            argv += list(spec.args)
+            env.update(spec.env)
+            result.argv, result.env = argv, env
+        phase_cb("measuring", f"benchmark {Path(argv[0]).name}")
+        proc = self.host.launch(argv, env, bench_log)
+        watcher = LogWatcher(bench_log)
+        deadline = time.monotonic() + bench.timeout_s
+        try:
+            while proc.poll() is None:
+                watcher.read()
+                if server is not None and server_log is not None:
+                    server_log.read()
+                    if server.poll() is not None or find_error(server_log.text, self.preset.patterns) is not None:
+                        result.outcome = "infeasible"
+                        result.failure = self._failure_while_alive(server, server_log, "measuring")
+                        return
+                if time.monotonic() > deadline:
+                    result.outcome = "infeasible" if server is None else "fault"
+                    result.failure = Failure("timeout" if server is None else "benchmark-timeout",
+                                             f"benchmark still running after {bench.timeout_s:g}s", excerpt(watcher.text))
+                    return
+                time.sleep(POLL_S)
+        finally:
+            proc.stop(5.0)
+        watcher.read()
+        code = proc.poll()
+        if code != 0:
+            found = find_error(watcher.text, self.preset.patterns)
+            if server is None or found is not None:
+                f = classify(watcher.text, phase="launching", exit_code=code, patterns=self.preset.patterns)
+                result.outcome = "fault" if f.kind in FAULT_KINDS else "infeasible"
+                result.failure = f
+            else:
+                result.outcome = "fault"
+                result.failure = Failure("benchmark-failed", f"benchmark exited with code {code}", excerpt(watcher.text))
+            return
+        text = result_file.read_text() if "{result_file}" in bench.command and result_file.exists() else watcher.text
+        try:
+            result.metrics = parse_result(bench.parse, text, json_path=bench.json_path)
+        except ResultParseError as exc:
+            result.outcome = "fault"
+            result.failure = Failure("result-unparsed", str(exc), excerpt(watcher.text))
 
     def _server_info(self, port: int) -> dict[str, Any] | None:
         info: dict[str, Any] = {}

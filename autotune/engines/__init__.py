@@ -29,6 +29,7 @@ class EnginePreset:
     ready_path: str = "/health"
     default_port: int = 30000
     info_paths: tuple[str, ...] = ()
+    serverless: bool = False
     patterns: tuple[Pattern, ...] = field(default=COMMON_PATTERNS)
 
     def argv(self, *, port: int | str, template: str | None = None, fields: Mapping[str, str] | None = None) -> list[str]:
@@ -38,36 +39,8 @@ class EnginePreset:
         return [word.format(**values) for word in shlex.split(template or self.template)]
 
 
-PRESETS: dict[str, EnginePreset] = {
-    "sim": EnginePreset(
-        name="sim",
-        template="{python} -m autotune.sim serve --scenario {scenario} --host {host} --port {port}",
-        api="sglang",
-        info_paths=("/get_server_info",),
-    ),
-    "sglang": EnginePreset(
-        name="sglang",
-        template="{python} -m sglang.launch_server --model-path {model} --host {host} --port {port}",
-        api="sglang",
-        info_paths=("/get_server_info",),
-    ),
-    "vllm": EnginePreset(
-        name="vllm",
-        template="vllm serve {model} --host {host} --port {port}",
-        api="openai",
-        default_port=8000,
-        info_paths=("/metrics",),
-    ),
-    "transformers": EnginePreset(
-        name="transformers",
-        template="transformers serve --host {host} --port {port}",
-        api="openai",
-        default_port=8000,
-    ),
-    "custom": EnginePreset(name="custom", template="", api="openai", default_port=8000),
-}
-
-
 def get_preset(name: str) -> EnginePreset:
     """The preset for an engine name (validated by the config beforehand)."""
+    from autotune.engines.registry import PRESETS
+
     return PRESETS[name]

@@ -1,0 +1,187 @@
+"""End to end: real `autotune` processes driving real simulated servers, crashing them for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import requests
+import yaml
+
+SCENARIO = "rtx6000-pcie-glm5"
+SMALL_LOAD = {"load": {"concurrency": 32, "num_prompts": 64, "input_len": 64, "output_len": 16, "warmup_prompts": 2}}
+
+
+def autotune(*args: str, cwd: Path, timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "-m", "autotune", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"autotune {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def write_study(tmp: Path, name: str, parameters: dict[str, Any], *, baseline: dict[str, Any] | None = None,
+                trials: int = 1, overrides: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> Path:
+    space = tmp / f"{name}-space.yaml"
+    space.write_text(yaml.safe_dump({"name": f"{name}-space", "parameters": parameters}))
+    cfg = tmp / f"{name}.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "name": name,
+        "target": {"engine": "sim", "scenario": SCENARIO, "ready_timeout_s": 60,
+                   "env": {"NCCL_IB_DISABLE": "1", **(env or {})}},
+        "space": str(space),
+        "objective": "quick",
+        "objective_overrides": overrides if overrides is not None else SMALL_LOAD,
+        "baseline": baseline or {},
+        "budget": {"trials": trials},
+        "storage": f"sqlite:///{tmp}/studies.db",
+        "seed": 1,
+    }))
+    return cfg
+
+
+def show(tmp: Path, name: str) -> dict[str, Any]:
+    return json.loads(autotune("study", "show", name, "--json", "--storage", f"sqlite:///{tmp}/studies.db", cwd=tmp).stdout)
+
+
+MFS = {"type": "float", "low": 0.5, "high": 0.95, "step": 0.01, "flag": "--mem-fraction-static", "default": 0.92}
+MIN_CH = {"type": "int", "low": 1, "high": 32, "env": "NCCL_MIN_NCHANNELS", "default": 8}
+
+
+def test_a_feasible_trial_is_measured_and_recorded(tmp_path: Path) -> None:
+    cfg = write_study(tmp_path, "ok", {"mem_fraction_static": MFS, "NCCL_MIN_NCHANNELS": MIN_CH})
+    autotune("study", "start", str(cfg), cwd=tmp_path)
+    doc = show(tmp_path, "ok")
+    assert doc["direction"] == "maximize"
+    (trial,) = doc["trials"]
+    assert trial["outcome"] == "ok" and trial["state"] == "COMPLETE" and trial["failure"] is None
+    assert trial["params"] == {"mem_fraction_static": 0.92, "NCCL_MIN_NCHANNELS": 8}
+    m = trial["metrics"]
+    assert trial["value"] == pytest.approx(m["output_throughput"], rel=1e-3)
+    assert m["output_throughput"] > 100 and m["completed"] == 64 and m["failed"] == 0
+    assert m["p99_ttft_ms"] >= m["median_ttft_ms"] > 0
+    # The log is an artifact and the trial's env/argv are recorded exactly.
+    study = optuna.load_study(study_name="ok", storage=f"sqlite:///{tmp_path}/studies.db")
+    attrs = study.trials[0].user_attrs
+    assert attrs["env"]["NCCL_MIN_NCHANNELS"] == "8" and attrs["env"]["NCCL_IB_DISABLE"] == "1"
+    assert "--mem-fraction-static" in attrs["argv"] and attrs["log_artifact"]
+    assert list((tmp_path / "autotune-artifacts").glob(attrs["log_artifact"]))
+
+
+@pytest.mark.parametrize(
+    ("params", "kind", "text"),
+    [
+        ({"NCCL_ALGO": {"type": "categorical", "choices": ["Tree"], "env": "NCCL_ALGO", "default": "Tree"}},
+         "nccl-error", "NCCL_ALGO was set to Tree"),
+        ({"mem_fraction_static": {**MFS, "default": 0.95}, "cuda_graph_max_bs":
+          {"type": "int", "low": 8, "high": 1024, "flag": "--cuda-graph-max-bs", "default": 1024}},
+         "oom", "Capture cuda graph failed"),
+        ({"mem_fraction_static": {**MFS, "default": 0.5}}, "not-enough-memory", "Not enough memory"),
+    ],
+    ids=["nccl-tree", "graph-capture-oom", "not-enough-memory"],
+)
+def test_server_crash_is_recorded_infeasible_with_its_log(tmp_path: Path, params: dict[str, Any], kind: str, text: str) -> None:
+    cfg = write_study(tmp_path, "bad", params)
+    started = time.monotonic()
+    autotune("study", "start", str(cfg), cwd=tmp_path)
+    (trial,) = show(tmp_path, "bad")["trials"]
+    assert trial["outcome"] == "infeasible" and trial["state"] == "PRUNED" and trial["value"] is None
+    assert trial["failure"]["kind"] == kind
+    assert text in trial["failure"]["excerpt"]
+    assert time.monotonic() - started < 60
+    study = optuna.load_study(study_name="bad", storage=f"sqlite:///{tmp_path}/studies.db")
+    assert study.trials[0].constraints["failure"] > 0  # the sampler sees it as infeasible
+
+
+def test_resume_continues_and_runs_the_baseline_once(tmp_path: Path) -> None:
+    cfg = write_study(tmp_path, "res", {"mem_fraction_static": MFS, "NCCL_MIN_NCHANNELS": MIN_CH},
+                      baseline={"mem_fraction_static": 0.9}, trials=2)
+    autotune("study", "start", str(cfg), cwd=tmp_path)
+    autotune("study", "start", str(cfg), "--trials", "3", cwd=tmp_path)
+    trials = show(tmp_path, "res")["trials"]
+    assert len(trials) == 3
+    assert [t["baseline"] for t in trials] == [True, False, False]
+    assert trials[0]["params"]["mem_fraction_static"] == 0.9
+    out = autotune("study", "resume", "res", "--storage", f"sqlite:///{tmp_path}/studies.db", cwd=tmp_path)
+    assert "budget reached" in out.stderr
+    assert len(show(tmp_path, "res")["trials"]) == 3
+
+
+def test_killed_driver_leaves_nothing_behind_after_resume(tmp_path: Path) -> None:
+    cfg = write_study(tmp_path, "kill", {"mem_fraction_static": MFS}, trials=2,
+                      overrides={"load": {**SMALL_LOAD["load"], "num_prompts": 4000, "concurrency": 8}})
+    storage = f"sqlite:///{tmp_path}/studies.db"
+    driver = subprocess.Popen([sys.executable, "-m", "autotune", "study", "start", str(cfg)], cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pgid = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and pgid is None:
+        time.sleep(0.5)
+        try:
+            study = optuna.load_study(study_name="kill", storage=storage)
+        except KeyError:
+            continue
+        running = [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+        if running and running[0].user_attrs.get("server_pgid"):
+            pgid = running[0].user_attrs["server_pgid"]
+    assert pgid is not None, "the driver never launched a server"
+    time.sleep(1.0)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait(10)
+    os.killpg(pgid, 0)  # the orphaned server is still there...
+    autotune("study", "resume", "kill", "--storage", storage, "--trials", "1", cwd=tmp_path)
+    with pytest.raises(ProcessLookupError):  # ...and resume removed it
+        os.killpg(pgid, 0)
+    trials = show(tmp_path, "kill")["trials"]
+    assert trials[0]["state"] == "FAIL" and trials[0]["failure"]["kind"] == "interrupted"
+    assert trials[1]["params"] == trials[0]["params"] and trials[1]["state"] != "FAIL"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_exported_sh_profile_starts_the_best_server(tmp_path: Path) -> None:
+    cfg = write_study(tmp_path, "exp", {"mem_fraction_static": MFS, "NCCL_MIN_NCHANNELS": MIN_CH}, trials=1)
+    autotune("study", "start", str(cfg), cwd=tmp_path)
+    storage = f"sqlite:///{tmp_path}/studies.db"
+    autotune("export", "exp", "--format", "sh", "-o", "p.sh", "--storage", storage, cwd=tmp_path)
+    script = (tmp_path / "p.sh").read_text()
+    assert "export NCCL_MIN_NCHANNELS=8" in script and "--mem-fraction-static 0.92" in script
+    port = _free_port()
+    server = subprocess.Popen(["bash", "p.sh"], cwd=tmp_path, env={**os.environ, "PORT": str(port)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        status = None
+        while time.monotonic() < deadline:
+            try:
+                status = requests.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code
+            except requests.RequestException:
+                status = None
+            if status == 200:
+                break
+            time.sleep(0.2)
+        assert status == 200
+        info = requests.get(f"http://127.0.0.1:{port}/get_server_info", timeout=5).json()
+        assert "0.92" in json.dumps(info)
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(10)
+    for fmt in ("json", "yaml", "env"):
+        out = autotune("export", "exp", "--format", fmt, "--storage", storage, cwd=tmp_path).stdout
+        assert "NCCL_MIN_NCHANNELS" in out
+    prof = json.loads(autotune("export", "exp", "--format", "json", "--storage", storage, cwd=tmp_path).stdout)
+    assert prof["trial"] == 0 and prof["env"]["NCCL_MIN_NCHANNELS"] == "8" and "--mem-fraction-static" in prof["command"]
+    best = json.loads(autotune("study", "best", "exp", "--json", "--storage", storage, cwd=tmp_path).stdout)
+    assert set(best) >= {"number", "params", "value", "metrics"} and best["value"] > 0
