@@ -118,7 +118,9 @@ def _run_study(cfg: StudyConfig, trials: int | None) -> None:
         objective,
         log_dir=artifact_dir(cfg.storage) / "logs" / cfg.name,
         template=cfg.target.command,
-        fields={"scenario": cfg.target.scenario or "", "model": cfg.target.model or ""},
+        fields={"scenario": cfg.target.scenario or "", "model": cfg.target.model or "",
+                # transformers serve pins its model: requests must name it as the command does.
+                "served_model_name": cfg.target.model if cfg.target.engine == "transformers" else ""},
         fixed_env=cfg.target.env,
         ready_timeout_s=cfg.target.ready_timeout_s,
         ready_path=cfg.target.ready_path,

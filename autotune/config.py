@@ -22,6 +22,7 @@ naming the file and the key.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -57,6 +58,14 @@ class TargetConfig(BaseModel):
         if isinstance(value, dict):
             return {str(k): ("1" if v is True else "0" if v is False else str(v)) for k, v in value.items()}
         return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for k in env:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+                raise ValueError(f"'{k}' is not a valid environment variable name")
+        return env
 
     @field_validator("hosts")
     @classmethod

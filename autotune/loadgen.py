@@ -263,6 +263,9 @@ class _Client:
         self.model = model
         self.url = base + ("/generate" if workload.api == "sglang" else "/v1/completions")
         self.refused = False  # set once the server refused a connection: it is gone
+        # ignore_eos is not an OpenAI field; some servers (transformers serve: HTTP 422) refuse it.
+        # It is sent until refused once, then left out.
+        self.send_ignore_eos = True
 
     def payload(self, namespace: int, index: int) -> dict[str, Any]:
         w = self.workload
@@ -279,12 +282,13 @@ class _Client:
             "prompt": " ".join([_WORDS[i] for i in words.tolist()]),
             "max_tokens": w.output_len,
             "temperature": 0.0,
-            "ignore_eos": True,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
         if self.model is not None:
             body["model"] = self.model
+        if self.send_ignore_eos:
+            body["ignore_eos"] = True
         return body
 
     async def send(self, body: dict[str, Any]) -> _Record:
@@ -297,6 +301,9 @@ class _Client:
                     rec.error = _one_line(f"HTTP {resp.status}: {text or resp.reason}")
                 else:
                     await self._read(resp, rec, start)
+            if rec.error is not None and "ignore_eos" in rec.error and body.pop("ignore_eos", None) is not None:
+                self.send_ignore_eos = False
+                return await self.send(body)
         except asyncio.TimeoutError:
             rec.error = f"TimeoutError: no complete response within {self.workload.request_timeout_s:g} s"
         except aiohttp.ClientConnectorError as exc:
@@ -320,6 +327,7 @@ class _Client:
         server_tokens = 0  # cumulative tokens (SGLang) or usage.completion_tokens (OpenAI); 0 = unknown
         text_len = 0
         done = False
+        finish_seen = usage_seen = False  # a last chunk with both ends a stream that sends no [DONE]
         pending = b""
         async for data in resp.content.iter_any():
             now = time.perf_counter()
@@ -358,9 +366,12 @@ class _Client:
                 else:
                     usage = obj.get("usage")
                     if usage:
+                        usage_seen = True
                         server_tokens = usage.get("completion_tokens") or server_tokens
                         rec.prompt_tokens = usage.get("prompt_tokens") or rec.prompt_tokens
                     choices = obj.get("choices")
+                    if choices and choices[0].get("finish_reason"):
+                        finish_seen = True
                     if not choices or not choices[0].get("text"):
                         continue
                     if chunks:
@@ -369,7 +380,7 @@ class _Client:
                         first = now
                 chunks += 1
                 last = now
-        if not done:
+        if not done and not (finish_seen and usage_seen):
             raise _StreamError("IncompleteStream: stream ended without data: [DONE]")
         if not chunks:
             raise _StreamError("EmptyStream: no output tokens before data: [DONE]")

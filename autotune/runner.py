@@ -198,7 +198,14 @@ class TrialRunner:
             if find_error(watcher.text, self.preset.patterns) is not None:
                 return self._failure_while_alive(proc, watcher, "launching")
             if _http_ok(url):
-                return None
+                if not self.preset.ready_probe:
+                    return None
+                status = self._probe_completion(port, deadline)
+                if status == 200:
+                    return None
+                watcher.read()
+                if find_error(watcher.text, self.preset.patterns) is not None or proc.poll() is not None:
+                    return self._failure_while_alive(proc, watcher, "launching")
             if time.monotonic() > deadline:
                 watcher.read()
                 return Failure(
@@ -207,6 +214,17 @@ class TrialRunner:
                     excerpt(watcher.text),
                 )
             time.sleep(POLL_S)
+
+    def _probe_completion(self, port: int, deadline: float) -> int:
+        """POST one 1-token completion; the HTTP status, or 0 if there was no answer."""
+        body: dict[str, Any] = {"prompt": "hello", "max_tokens": 1, "temperature": 0.0}
+        if self.fields.get("served_model_name"):
+            body["model"] = self.fields["served_model_name"]
+        timeout = max(1.0, min(120.0, deadline - time.monotonic()))
+        try:
+            return requests.post(f"http://{self.host.address}:{port}/v1/completions", json=body, timeout=timeout).status_code
+        except requests.RequestException:
+            return 0
 
     def _failure_while_alive(self, proc: ServerProcess, watcher: LogWatcher, phase: str) -> Failure:
         """An error line appeared: give the process a moment to print the rest, then classify."""

@@ -74,6 +74,7 @@ class Parameter(BaseModel):
     choices: list[str | int | float | bool] | None = None
     env: str | None = None
     flag: str | None = None
+    flag_false: str | None = Field(default=None, description="for a bool flag: the flag applied when false (e.g. --no-x)")
     default: str | int | float | bool | None = None
     companions: list[Companion] = Field(default_factory=list)
     help: str | None = None
@@ -84,6 +85,10 @@ class Parameter(BaseModel):
             raise ValueError("needs exactly one of 'env' (an env var) or 'flag' (e.g. --mem-fraction-static)")
         if self.flag is not None and not self.flag.startswith("-"):
             raise ValueError(f"flag '{self.flag}' must start with '-'")
+        if self.flag_false is not None and (self.type != "bool" or self.flag is None):
+            raise ValueError("'flag_false' is only for a bool parameter applied as a flag")
+        if self.env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.env):
+            raise ValueError(f"env '{self.env}' is not a valid environment variable name")
         if self.type in ("int", "float"):
             if self.low is None or self.high is None:
                 raise ValueError(f"type {self.type} needs 'low' and 'high'")
@@ -330,7 +335,11 @@ class SearchSpace:
         args: list[str] = []
         for n, p in self.parameters.items():
             v = applied[n]
-            if v == UNSET or (p.type == "bool" and p.flag is not None and v is False):
+            if p.type == "bool" and p.flag is not None and v is False:
+                if p.flag_false:
+                    args.append(p.flag_false)
+                continue
+            if v == UNSET:
                 continue
             if p.env is not None:
                 env[p.env] = _env_text(v)

@@ -20,7 +20,8 @@ class EnginePreset:
     """One engine's launch template and behaviour.
 
     ``template`` is a command line whose words may hold ``{python}``, ``{port}``, ``{host}``,
-    ``{model}`` and ``{scenario}``; the trial's flags are appended after it.
+    ``{model}`` and ``{scenario}``; the trial's flags are appended after it. ``serverless``: no
+    server at all, the objective's benchmark command is the trial.
     """
 
     name: str
@@ -30,6 +31,9 @@ class EnginePreset:
     default_port: int = 30000
     info_paths: tuple[str, ...] = ()
     serverless: bool = False
+    ready_probe: bool = False
+    """After the ready path answers 200, also require one tiny completion to succeed (engines that
+    set up batching or check flags at the first request, like transformers serve)."""
     patterns: tuple[Pattern, ...] = field(default=COMMON_PATTERNS)
 
     def argv(self, *, port: int | str, template: str | None = None, fields: Mapping[str, str] | None = None) -> list[str]:

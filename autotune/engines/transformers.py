@@ -66,5 +66,6 @@ TRANSFORMERS = EnginePreset(
     api="openai",
     ready_path="/health",
     default_port=8000,
+    ready_probe=True,  # --cb-* values are checked, and the KV cache sized, at the first request
     patterns=_FIRST + COMMON_PATTERNS + _LAST,
 )

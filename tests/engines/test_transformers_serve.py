@@ -1,0 +1,129 @@
+"""The transformers preset against the real engine: `transformers serve` on CPU with a tiny model.
+
+Each study runs `python -m autotune study start CONFIG` as a user would, in a subprocess, and reads
+the result back with `study show --json`. Needs torch and transformers[serving]: skipped without
+them, except under CI (env var CI set), where they are installed and their absence is a failure.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.engine
+
+ENGINE_MODULES = ("torch", "transformers", "tokenizers", "fastapi", "uvicorn", "openai")
+STUDY_TIMEOUT_S = 150
+
+
+def _require_engine() -> None:
+    missing = [m for m in ENGINE_MODULES if importlib.util.find_spec(m) is None]
+    if not missing:
+        return
+    why = f"transformers serve needs {', '.join(missing)} (pip install torch 'transformers[serving]')"
+    if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+        pytest.fail(f"CI is set but the real engine cannot run: {why}")
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    _require_engine()
+    from autotune.testing import make_tiny_llama
+
+    return make_tiny_llama(tmp_path_factory.mktemp("model") / "tiny-llama", hidden_size=64, layers=2, vocab=1024)
+
+
+def _write_study(tmp_path: Path, name: str, model: Path, parameters: dict[str, Any], trials: int,
+                 baseline: dict[str, Any] | None = None) -> tuple[Path, str]:
+    space = tmp_path / f"{name}-space.yaml"
+    space.write_text(yaml.safe_dump({"name": f"{name}-space", "parameters": parameters}))
+    storage = f"sqlite:///{tmp_path / 'studies.db'}"
+    config = {
+        "name": name,
+        "target": {
+            "engine": "transformers",
+            "model": str(model),
+            "ready_timeout_s": 120,
+            # Keep the 2-core CI machine responsive and make sure nothing is fetched from a hub.
+            "env": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+        },
+        "space": str(space),
+        "objective": "transformers_cpu",
+        "baseline": baseline or {},
+        "budget": {"trials": trials},
+        "storage": storage,
+        "seed": 0,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path, storage
+
+
+def _autotune(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "autotune", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _show(name: str, storage: str, cwd: Path) -> dict[str, Any]:
+    proc = _autotune("study", "show", name, "--json", "--storage", storage, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    doc: dict[str, Any] = json.loads(proc.stdout)
+    return doc
+
+
+# Small, fixed KV caches: the engine's default sizes the cache from free RAM (GBs on CPU).
+CB_PARAMETERS: dict[str, Any] = {
+    "cb_num_blocks": {"type": "categorical", "choices": [32, 64], "flag": "--cb-num-blocks", "default": 32},
+    "cb_block_size": {"type": "categorical", "choices": [16, 32], "flag": "--cb-block-size", "default": 32},
+    "cb_max_batch_tokens": {"type": "categorical", "choices": [64, 256], "flag": "--cb-max-batch-tokens",
+                            "default": 256},
+}
+
+
+def test_study_measures_real_throughput(tiny_model: Path, tmp_path: Path) -> None:
+    config, storage = _write_study(tmp_path, "tf-ok", tiny_model, CB_PARAMETERS, trials=3)
+    proc = _autotune("study", "start", str(config), cwd=tmp_path, timeout=STUDY_TIMEOUT_S)
+    assert proc.returncode == 0, f"study failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    doc = _show("tf-ok", storage, tmp_path)
+    trials = doc["trials"]
+    assert len(trials) == 3
+    ok = [t for t in trials if t["outcome"] == "ok"]
+    assert ok, json.dumps(trials, indent=1)[:4000]
+    for t in ok:
+        assert t["value"] is not None and t["value"] > 0
+        assert t["metrics"]["output_throughput"] == pytest.approx(t["value"], rel=1e-3)
+        assert t["metrics"]["completed"] == 32 and t["metrics"]["failed"] == 0
+        # The tiny model never stops early: every request generated its output_len tokens.
+        assert t["metrics"]["output_tokens"] == 32 * 16
+        assert t["startup_s"] is not None and t["startup_s"] > 0
+    baseline = [t for t in trials if t.get("baseline")]
+    assert baseline and baseline[0]["params"] == {"cb_num_blocks": 32, "cb_block_size": 32, "cb_max_batch_tokens": 256}
+
+
+def test_rejected_value_is_infeasible_with_engine_text(tiny_model: Path, tmp_path: Path) -> None:
+    # The engine refuses a KV block (page) size below 4 when continuous batching starts, i.e. at
+    # the first request: 5.17 "Block size must be at least 4, but got 2", 5.24 "page_size must be
+    # at least 4 but got cb_config.page_size = 2".
+    parameters = dict(CB_PARAMETERS)
+    parameters["cb_block_size"] = {"type": "categorical", "choices": [2, 32], "flag": "--cb-block-size", "default": 2}
+    config, storage = _write_study(tmp_path, "tf-bad", tiny_model, parameters, trials=1)
+    proc = _autotune("study", "start", str(config), cwd=tmp_path, timeout=STUDY_TIMEOUT_S)
+    assert proc.returncode == 0, f"study failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    (trial,) = _show("tf-bad", storage, tmp_path)["trials"]
+    assert trial["params"]["cb_block_size"] == 2
+    assert trial["outcome"] == "infeasible", trial
+    assert trial["state"] != "FAIL"  # told to the sampler, not retried as an infrastructure fault
+    failure = trial["failure"]
+    assert failure is not None
+    assert failure["kind"] == "invalid-argument", failure  # found at launch by the ready probe
+    assert "must be at least 4" in failure["message"] + failure["excerpt"], failure
+    assert "must be at least 4" in failure["excerpt"], failure
