@@ -1,0 +1,190 @@
+"""Real ``python -m autotune.sim serve`` processes on loopback: API, logs, failures, pacing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+import requests
+
+from autotune.sim import Workload, load_scenario, predict
+from autotune.sim.args import args_from_mapping
+
+TINY = str(Path(__file__).with_name("tiny_scenario.yaml"))
+
+GLM_GOOD = ("--mem-fraction-static", "0.92", "--max-running-requests", "1024")
+
+
+def _sse(body: bytes) -> list:
+    events = []
+    for line in body.decode().splitlines():
+        if line.startswith("data: "):
+            raw = line[6:]
+            events.append(raw if raw == "[DONE]" else json.loads(raw))
+    return events
+
+
+def test_health_503_while_starting_then_api(sim_server) -> None:
+    sp = sim_server(TINY, "--served-model-name", "tiny", time_scale=20)  # ~4 s start-up
+    codes = set()
+    while True:
+        try:
+            r = requests.get(sp.url + "/health", timeout=1)
+            codes.add(r.status_code)
+            if r.status_code == 200:
+                break
+        except requests.RequestException:
+            pass
+        assert sp.proc.poll() is None, sp.log()
+    assert 503 in codes
+    log = sp.log()
+    for text in ("Load weight end", "avail mem=", "KV Cache is allocated. #tokens: ", "Capture cuda graph begin",
+                 "Capture cuda graph end", "max_total_num_tokens=", "The server is fired up and ready to roll!"):
+        assert text in log, text
+    info = requests.get(sp.url + "/get_server_info").json()
+    assert info["scenario"] == "tiny-host" and info["time_scale"] == 20
+    assert info["max_total_num_tokens"] > 0 and info["startup_s_uncompressed"] == pytest.approx(85.0)
+    assert set(info["memory_gb"]) >= {"weights", "kv_pool", "nccl", "cuda_graph"}
+    assert requests.get(sp.url + "/v1/models").json()["data"][0]["id"] == "tiny"
+    assert requests.get(sp.url + "/get_model_info").json()["is_generation"] is True
+
+    # SGLang /generate, streamed: cumulative text, exact completion_tokens, [DONE]
+    r = requests.post(sp.url + "/generate", json={"input_ids": list(range(40)), "stream": True,
+                                                 "sampling_params": {"max_new_tokens": 50, "ignore_eos": True}})
+    events = _sse(r.content)
+    assert events[-1] == "[DONE]"
+    last = events[-2]
+    assert last["meta_info"]["completion_tokens"] == 50 and last["meta_info"]["prompt_tokens"] == 40
+    assert len(last["text"].split()) == 50
+    counts = [e["meta_info"]["completion_tokens"] for e in events[:-1]]
+    assert counts == sorted(counts) and counts[0] >= 1
+
+    # not streamed; prompt tokens of a text = its words
+    r = requests.post(sp.url + "/generate", json={"text": "one two three four", "sampling_params": {"max_new_tokens": 7}})
+    assert r.json()["meta_info"] == {**r.json()["meta_info"], "prompt_tokens": 4, "completion_tokens": 7}
+
+    # OpenAI completions with a usage chunk
+    r = requests.post(sp.url + "/v1/completions", json={"model": "tiny", "prompt": "a b c", "max_tokens": 20,
+                                                        "stream": True, "stream_options": {"include_usage": True}})
+    events = _sse(r.content)
+    assert events[-1] == "[DONE]"
+    assert events[-2]["choices"] == [] and events[-2]["usage"] == {"prompt_tokens": 3, "completion_tokens": 20,
+                                                                    "total_tokens": 23}
+    assert len("".join(e["choices"][0]["text"] for e in events[:-2]).split()) == 20
+    r = requests.post(sp.url + "/v1/completions", json={"prompt": "x", "max_tokens": 3})
+    assert r.json()["usage"]["completion_tokens"] == 3 and r.json()["choices"][0]["finish_reason"] == "length"
+    r = requests.post(sp.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    assert r.json()["choices"][0]["message"]["content"].split() == r.json()["choices"][0]["message"]["content"].split()[:4]
+    assert requests.post(sp.url + "/generate", json={"text": 3}).status_code == 400
+
+
+async def _load(url: str, n: int, conc: int, inp: int, out: int) -> tuple[float, int]:
+    sem = asyncio.Semaphore(conc)
+    total = 0
+
+    async def one(session: aiohttp.ClientSession) -> None:
+        nonlocal total
+        async with sem:
+            body = {"input_ids": [1] * inp, "sampling_params": {"max_new_tokens": out, "ignore_eos": True}, "stream": True}
+            async with session.post(url + "/generate", json=body) as resp:
+                last = 0
+                async for line in resp.content:
+                    if line.startswith(b"data: {"):
+                        last = json.loads(line[6:])["meta_info"]["completion_tokens"]
+                total += last
+
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=conc)) as session:
+        t0 = loop.time()
+        await asyncio.gather(*(one(session) for _ in range(n)))
+        return loop.time() - t0, total
+
+
+def test_measured_throughput_matches_predict(sim_server) -> None:
+    sp = sim_server(TINY, seed=5)
+    assert sp.wait_ready()
+    n, conc, inp, out = 256, 64, 64, 64
+    duration, tokens = asyncio.run(_load(sp.url, n, conc, inp, out))
+    assert tokens == n * out
+    measured = tokens / duration
+    predicted = predict(load_scenario(TINY), args_from_mapping({}), {}, Workload(conc, n, inp, out), seed=5)
+    assert measured == pytest.approx(predicted.output_throughput, rel=0.05)
+    assert "Decode batch. #running-req: " in sp.log() and "gen throughput (token/s): " in sp.log()
+
+
+FAILURES = [
+    pytest.param("rtx6000-pcie-glm5", GLM_GOOD, {"NCCL_MIN_NCHANNELS": "8", "NCCL_ALGO": "Tree"},
+                 ["torch.distributed.DistBackendError: NCCL error in: ", "invalid usage",
+                  "No algorithm/protocol available for function AllGather with datatype ncclInt8. NCCL_ALGO was set to Tree."],
+                 id="nccl-invalid-usage"),
+    pytest.param("rtx6000-pcie-glm5", GLM_GOOD, {"NCCL_MIN_NCHANNELS": "8", "NCCL_BUFFSIZE": "8388608"},
+                 ["NCCL WARN Failed to CUDA calloc ", "NCCL error in: ", "unhandled cuda error"], id="nccl-calloc"),
+    pytest.param("rtx6000-pcie-glm5", ("--mem-fraction-static", "0.5"), {},
+                 ["RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."], id="not-enough-memory"),
+    pytest.param("rtx6000-pcie-kimi-eagle3", ("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "2",
+                                              "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3"),
+                 {"NCCL_MIN_NCHANNELS": "1", "NCCL_MAX_NCHANNELS": "2", "NCCL_BUFFSIZE": "131072"},
+                 ["Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate ",
+                  "set --mem-fraction-static to a smaller value", "set --cuda-graph-max-bs to a smaller value"], id="graph-oom"),
+]
+
+
+@pytest.mark.parametrize(("scenario", "flags", "env", "texts"), FAILURES)
+def test_startup_failures(sim_server, scenario, flags, env, texts) -> None:
+    sp = sim_server(scenario, *flags, env=env, time_scale=2000)
+    assert sp.wait_ready() is False
+    assert sp.wait_exit() == 1
+    log = sp.log()
+    for text in texts:
+        assert text in log, log
+    assert "The server is fired up" not in log
+
+
+def test_crash_under_load_drops_connections(sim_server) -> None:
+    sp = sim_server(TINY, "--mem-fraction-static", "0.97", "--disable-cuda-graph")
+    assert sp.wait_ready()
+    duration, tokens = asyncio.run(_load(sp.url, 8, 8, 16, 16))  # light load: fine
+    assert tokens == 8 * 16
+
+    async def heavy() -> list:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=200)) as s:
+            async def one() -> object:
+                try:
+                    async with s.post(sp.url + "/generate", json={"input_ids": [1] * 16, "stream": True,
+                                                                  "sampling_params": {"max_new_tokens": 64}}) as r:
+                        return (await r.read()).decode()
+                except aiohttp.ClientError as exc:
+                    return exc
+            return await asyncio.gather(*(one() for _ in range(160)))
+
+    results = asyncio.run(heavy())
+    assert sp.wait_exit() == 1
+    assert any(isinstance(r, Exception) or "[DONE]" not in r for r in results)
+    log = sp.log()
+    assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate " in log
+    assert "Rank 0 scheduler is dead." in log
+
+
+def test_bad_flag_is_argparse_error() -> None:
+    out = subprocess.run([sys.executable, "-m", "autotune.sim", "serve", "--scenario", "rtx6000-pcie-glm5",
+                          "--mem-fraction-static", "x"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2
+    assert "error: argument --mem-fraction-static: invalid float value: 'x'" in out.stderr
+
+
+def test_invalid_value_exits_with_value_error(sim_server) -> None:
+    sp = sim_server(TINY, "--mem-fraction-static", "1.5")
+    assert sp.wait_exit() == 1
+    assert "ValueError: mem_fraction_static=1.5 must be in (0, 1)" in sp.log()
+
+
+def test_builtin_glm5_serves(sim_server) -> None:
+    sp = sim_server("rtx6000-pcie-glm5", *GLM_GOOD, env={"NCCL_MIN_NCHANNELS": "8"}, time_scale=150)
+    assert sp.wait_ready()
+    r = requests.post(sp.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}})
+    assert r.json()["meta_info"]["completion_tokens"] == 2
