@@ -9,7 +9,7 @@ DEMO_CONFIG: dict[str, Any] = {
     "target": {
         "engine": "sim",
         "scenario": "rtx6000-pcie-glm5",
-        "env": {"NCCL_IB_DISABLE": "1", "NCCL_P2P_LEVEL": "5"},
+        "env": {"NCCL_IB_DISABLE": "1", "NCCL_P2P_LEVEL": "5", "AUTOTUNE_SIM_TIME_SCALE": "300"},
         "ready_timeout_s": 60,
     },
     "space": "sglang_nccl",

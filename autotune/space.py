@@ -163,7 +163,7 @@ class Parameter(BaseModel):
         if self.type == "int":
             return int(value)
         if self.type == "float":
-            return float(value)
+            return round(float(value), 10)  # 0.8500000000000001 from a step grid reads 0.85
         return value  # type: ignore[no-any-return]
 
 
@@ -330,7 +330,7 @@ class SearchSpace:
 
     def to_launch(self, values: dict[str, ParamValue]) -> Launch:
         """The env vars and flags for one launch (rules repaired first)."""
-        applied = self.repair(values)
+        applied = {n: self.parameters[n].normalise(v) for n, v in self.repair(values).items()}
         env: dict[str, str] = {}
         args: list[str] = []
         for n, p in self.parameters.items():

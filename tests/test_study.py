@@ -36,6 +36,10 @@ def write_study(tmp: Path, name: str, parameters: dict[str, Any], *, baseline: d
     cfg.write_text(yaml.safe_dump({
         "name": name,
         "target": {"engine": "sim", "scenario": SCENARIO, "ready_timeout_s": 60,
+                   # Fixed flags go in the template; SGLang's default request pool does not fit
+                   # the GLM-5 host's headroom at mem-fraction-static 0.92.
+                   "command": "{python} -m autotune.sim serve --scenario {scenario} --host {host} --port {port}"
+                              " --max-running-requests 128",
                    "env": {"NCCL_IB_DISABLE": "1", **(env or {})}},
         "space": str(space),
         "objective": "quick",
@@ -83,10 +87,10 @@ def test_a_feasible_trial_is_measured_and_recorded(tmp_path: Path) -> None:
          "nccl-error", "NCCL_ALGO was set to Tree"),
         ({"mem_fraction_static": {**MFS, "default": 0.95}, "cuda_graph_max_bs":
           {"type": "int", "low": 8, "high": 1024, "flag": "--cuda-graph-max-bs", "default": 1024}},
-         "oom", "Capture cuda graph failed"),
+         "oom", "CUDA out of memory"),
         ({"mem_fraction_static": {**MFS, "default": 0.5}}, "not-enough-memory", "Not enough memory"),
     ],
-    ids=["nccl-tree", "graph-capture-oom", "not-enough-memory"],
+    ids=["nccl-tree", "oom", "not-enough-memory"],
 )
 def test_server_crash_is_recorded_infeasible_with_its_log(tmp_path: Path, params: dict[str, Any], kind: str, text: str) -> None:
     cfg = write_study(tmp_path, "bad", params)
@@ -117,7 +121,7 @@ def test_resume_continues_and_runs_the_baseline_once(tmp_path: Path) -> None:
 
 def test_killed_driver_leaves_nothing_behind_after_resume(tmp_path: Path) -> None:
     cfg = write_study(tmp_path, "kill", {"mem_fraction_static": MFS}, trials=2,
-                      overrides={"load": {**SMALL_LOAD["load"], "num_prompts": 4000, "concurrency": 8}})
+                      overrides={"load": {**SMALL_LOAD["load"], "num_prompts": 150, "concurrency": 8}})
     storage = f"sqlite:///{tmp_path}/studies.db"
     driver = subprocess.Popen([sys.executable, "-m", "autotune", "study", "start", str(cfg)], cwd=tmp_path,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
