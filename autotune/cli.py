@@ -330,6 +330,12 @@ def dashboard(storage: str = StorageOpt, host: str = typer.Option("127.0.0.1", "
 
 def main() -> None:
     """Console entry point: one-line errors with exit code 2 for bad input, never a traceback."""
+    import warnings
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     try:
         rc = app(standalone_mode=False)
     except click.exceptions.ClickException as exc:

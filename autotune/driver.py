@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -94,7 +95,9 @@ def make_sampler(kind: str, seed: int | None) -> optuna.samplers.BaseSampler:
         return optuna.samplers.GPSampler(seed=seed)
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True, warn_independent_sampling=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True)
 
 
 def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
