@@ -40,8 +40,12 @@ class Pattern:
     regex: re.Pattern[str]
 
 
-def _p(kind: str, regex: str) -> Pattern:
+def pattern(kind: str, regex: str) -> Pattern:
+    """A :class:`Pattern` from a regular expression (engine presets add their own)."""
     return Pattern(kind, re.compile(regex))
+
+
+_p = pattern
 
 
 # Order matters: the first kind with a match wins (a NCCL allocation failure mentions

@@ -26,14 +26,9 @@ What the preset relies on, seen by running transformers 5.24 on CPU and read in 
 
 from __future__ import annotations
 
-import re
-
 from autotune.engines import EnginePreset
 from autotune.failures import COMMON_PATTERNS, Pattern
-
-
-def _p(kind: str, regex: str) -> Pattern:
-    return Pattern(kind, re.compile(regex))
+from autotune.failures import pattern as _p
 
 
 # Before the common patterns: texts that the common ones would miss or misname.
