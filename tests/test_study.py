@@ -189,3 +189,31 @@ def test_exported_sh_profile_starts_the_best_server(tmp_path: Path) -> None:
     assert prof["trial"] == 0 and prof["env"]["NCCL_MIN_NCHANNELS"] == "8" and "--mem-fraction-static" in prof["command"]
     best = json.loads(autotune("study", "best", "exp", "--json", "--storage", storage, cwd=tmp_path).stdout)
     assert set(best) >= {"number", "params", "value", "metrics"} and best["value"] > 0
+
+
+BENCH_CLIENT = '''
+import json, sys
+from autotune.loadgen import Workload, run_load_sync
+r = run_load_sync(sys.argv[1], Workload(api="sglang", concurrency=16, num_prompts=32, input_len=32, output_len=8, warmup_prompts=0))
+json.dump({"tool": "test-bench", "result": {"tok_per_s": r.metrics["output_throughput"]}, "completed": r.completed}, open(sys.argv[2], "w"))
+'''
+
+
+def test_external_benchmark_command_against_the_server(tmp_path: Path) -> None:
+    """An objective may run any benchmark command against the trial's server and parse its JSON."""
+    (tmp_path / "bench_client.py").write_text(BENCH_CLIENT)
+    (tmp_path / "ext.yaml").write_text(yaml.safe_dump({
+        "name": "ext", "metric": "tok_per_s", "direction": "maximize",
+        "benchmark": {"command": f"{{python}} {tmp_path}/bench_client.py {{base_url}} {{result_file}}",
+                      "parse": "json", "json_path": "result.tok_per_s", "timeout_s": 60},
+    }))
+    cfg = write_study(tmp_path, "extb", {"mem_fraction_static": MFS, "NCCL_MIN_NCHANNELS": MIN_CH})
+    data = yaml.safe_load(cfg.read_text())
+    data["objective"] = str(tmp_path / "ext.yaml")
+    data.pop("objective_overrides")
+    cfg.write_text(yaml.safe_dump(data))
+    autotune("study", "start", str(cfg), cwd=tmp_path)
+    (trial,) = show(tmp_path, "extb")["trials"]
+    assert trial["outcome"] == "ok", trial["failure"]
+    assert trial["value"] > 0 and trial["metrics"]["completed"] == 32
+    assert trial["value"] == pytest.approx(trial["metrics"]["tok_per_s"], rel=1e-3)
