@@ -248,18 +248,18 @@ class TrialRunner:
             request_timeout_s=load.request_timeout_s,
         )
         phase_cb("warming", f"{load.warmup_prompts} requests")
-        last_check = [0.0]
-        server_down = [False]
+        last_check = 0.0
+        server_down = False
 
         def should_stop() -> bool:
+            nonlocal last_check, server_down
             now = time.monotonic()
-            if now - last_check[0] < POLL_S:
-                return server_down[0]
-            last_check[0] = now
+            if server_down or now - last_check < POLL_S:
+                return server_down
+            last_check = now
             watcher.read()
-            if proc.poll() is not None or find_error(watcher.text, self.preset.patterns) is not None:
-                server_down[0] = True
-            return server_down[0]
+            server_down = proc.poll() is not None or find_error(watcher.text, self.preset.patterns) is not None
+            return server_down
 
         def on_progress(done: int, total: int) -> None:
             phase_cb("measuring", f"{done}/{total} requests")
@@ -267,7 +267,7 @@ class TrialRunner:
         base_url = f"http://{self.host.address}:{port}"
         load_result = run_load_sync(base_url, workload, on_progress=on_progress, should_stop=should_stop)
         watcher.read()
-        if server_down[0] or proc.poll() is not None or find_error(watcher.text, self.preset.patterns) is not None:
+        if server_down or proc.poll() is not None or find_error(watcher.text, self.preset.patterns) is not None:
             result.outcome = "infeasible"
             result.failure = self._failure_while_alive(proc, watcher, "measuring")
             result.metrics = dict(load_result.metrics)

@@ -142,7 +142,8 @@ class Parameter(BaseModel):
             return None if isinstance(value, bool) else f"{value!r} is not true/false"
         if self.type == "categorical":
             assert self.choices is not None
-            if value in self.choices and not (isinstance(value, bool) and not any(isinstance(c, bool) for c in self.choices)):
+            # `True in [1]` holds in Python; a bool is only a valid choice among bool choices.
+            if any(c == value and isinstance(c, bool) == isinstance(value, bool) for c in self.choices):
                 return None
             return f"{value!r} is not one of {self.choices}"
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -320,12 +321,12 @@ class SearchSpace:
             lo_p, up_p = self.parameters[rule.lower], self.parameters[rule.upper]
             assert up_p.high is not None and lo_p.low is not None
             a = fixed[rule.lower]
-            target = _next_up(up_p, a) if rule.strict else a
+            target = _step(up_p, a, +1) if rule.strict else a
             if isinstance(target, (int, float)) and target <= up_p.high:
                 fixed[rule.upper] = up_p.normalise(target)
             else:
                 b = fixed[rule.upper]
-                fixed[rule.lower] = lo_p.normalise(_next_down(lo_p, b) if rule.strict else b)
+                fixed[rule.lower] = lo_p.normalise(_step(lo_p, b, -1) if rule.strict else b)
         return fixed
 
     def to_launch(self, values: dict[str, ParamValue]) -> Launch:
@@ -372,10 +373,13 @@ def _fmt(x: float) -> str:
 
 
 def _arg_text(v: Any) -> str:
+    """A value as a flag argument: booleans as true/false, floats without step-grid noise."""
     if isinstance(v, bool):
         return "true" if v else "false"
+    if isinstance(v, float) and v.is_integer() and abs(v) >= 1:
+        return str(int(v))
     if isinstance(v, float):
-        return repr(round(v, 10)) if not v.is_integer() else str(int(v)) if abs(v) >= 1 else repr(v)
+        return repr(round(v, 10))
     return str(v)
 
 
@@ -385,9 +389,8 @@ def _env_text(v: Any) -> str:
     return _arg_text(v)
 
 
-def _next_up(p: Parameter, x: Any) -> float:
-    return x + (p.step or 1) if p.type == "int" else math.nextafter(float(x), math.inf) if p.step is None else x + p.step
-
-
-def _next_down(p: Parameter, x: Any) -> float:
-    return x - (p.step or 1) if p.type == "int" else math.nextafter(float(x), -math.inf) if p.step is None else x - p.step
+def _step(p: Parameter, x: float, direction: float) -> float:
+    """The next value of ``p`` after ``x`` in ``direction`` (+1 or -1): for a strict rule."""
+    if p.type == "int" or p.step is not None:
+        return x + direction * (p.step or 1)
+    return math.nextafter(float(x), direction * math.inf)

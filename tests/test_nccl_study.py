@@ -14,9 +14,11 @@ from tests.test_study import autotune
 pytest.importorskip("torch")
 
 
+REPO = Path(__file__).resolve().parent.parent
+
+
 def _nccl_study(tmp: Path, name: str, extra_params: dict[str, Any] | None = None, trials: int = 3) -> Path:
-    space = yaml.safe_load(Path("search_spaces/nccl_only.yaml").read_text()) if Path("search_spaces/nccl_only.yaml").exists() else None
-    assert space is not None
+    space = yaml.safe_load((REPO / "search_spaces" / "nccl_only.yaml").read_text())
     space["parameters"].update(extra_params or {})
     (tmp / f"{name}-space.yaml").write_text(yaml.safe_dump(space))
     cfg = tmp / f"{name}.yaml"
@@ -33,14 +35,7 @@ def _nccl_study(tmp: Path, name: str, extra_params: dict[str, Any] | None = None
     return cfg
 
 
-@pytest.fixture()
-def repo_cwd(monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = Path(__file__).resolve().parent.parent
-    monkeypatch.chdir(root)
-    return root
-
-
-def test_nccl_only_study_measures_collectives_without_a_server(tmp_path: Path, repo_cwd: Path) -> None:
+def test_nccl_only_study_measures_collectives_without_a_server(tmp_path: Path) -> None:
     cfg = _nccl_study(tmp_path, "coll", trials=3)
     autotune("study", "start", str(cfg), cwd=tmp_path)
     doc = json.loads(autotune("study", "show", "coll", "--json", "--storage", f"sqlite:///{tmp_path}/nccl.db", cwd=tmp_path).stdout)
@@ -53,7 +48,7 @@ def test_nccl_only_study_measures_collectives_without_a_server(tmp_path: Path, r
     assert doc["trials"][0]["params"]["NCCL_MIN_NCHANNELS"] == 2
 
 
-def test_a_benchmark_that_fails_is_infeasible_with_its_own_error(tmp_path: Path, repo_cwd: Path) -> None:
+def test_a_benchmark_that_fails_is_infeasible_with_its_own_error(tmp_path: Path) -> None:
     # The trial's flags are appended to the benchmark command; this value is rejected by it.
     bad = {"dtype": {"type": "categorical", "choices": ["float128"], "flag": "--dtype", "default": "float128"}}
     cfg = _nccl_study(tmp_path, "badcoll", bad, trials=1)
@@ -64,7 +59,7 @@ def test_a_benchmark_that_fails_is_infeasible_with_its_own_error(tmp_path: Path,
     assert "float128" in t["failure"]["excerpt"]
 
 
-def test_server_study_takes_the_nccl_study_best_as_baseline(tmp_path: Path, repo_cwd: Path) -> None:
+def test_server_study_takes_the_nccl_study_best_as_baseline(tmp_path: Path) -> None:
     cfg = _nccl_study(tmp_path, "seed-nccl", trials=2)
     autotune("study", "start", str(cfg), cwd=tmp_path)
     best = json.loads(autotune("study", "best", "seed-nccl", "--json", "--storage", f"sqlite:///{tmp_path}/nccl.db", cwd=tmp_path).stdout)
