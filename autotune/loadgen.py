@@ -37,6 +37,8 @@ from urllib.parse import urlsplit
 import aiohttp
 import numpy as np
 
+from autotune._words import COMMON_WORDS as _WORDS
+
 __all__ = ["LoadError", "LoadResult", "Workload", "run_load", "run_load_sync"]
 
 _MAX_ERRORS = 5
@@ -47,31 +49,6 @@ _PROGRESS_EVERY_S = 0.1
 # vocabulary size.
 _TOKEN_ID_RANGE = (1000, 30000)
 _decode_json = json.JSONDecoder().decode  # on str: skips json.loads' encoding sniffing per chunk
-# Common English words that most BPE tokenizers encode as one token each (with the leading space),
-# so a prompt of ``n`` words is about ``n`` tokens.
-_WORDS = tuple(
-    """the of and to in is was for on are with as at be by this had not but from have they which
-    one you were her all she there would their we him been has when who will more no if out so
-    said what up its about into than them can only other new some could time these two may then do
-    first any my now such like our over man me even most made after also did many before must
-    through back years where much your way well down should because each just those people how too
-    little state good very make world still own see men work long get here between both life being
-    under never day same another know while last might us great old year off come since against go
-    came right used take three house water small place end put home read hand large add even land
-    here must big high such follow act why ask change went light kind need try again animal point
-    mother near build self earth father head stand page country found answer school grow study
-    learn plant cover food sun four thought let keep eye tree city cross hard start story saw far
-    sea draw left late run press close night real north open seem together next white children
-    begin walk example paper group always music mark often letter until mile river car feet care
-    second book carry took science eat room friend began idea fish mountain stop once base hear
-    horse cut sure watch color face wood main enough plain girl usual young ready above ever red
-    list though feel talk bird soon body dog family direct pose leave song measure door product
-    black short class wind question happen complete ship area half rock order fire south problem
-    piece told knew pass farm top whole king size heard best hour better true during hundred five
-    remember step early hold west ground interest reach fast five sing listen six table travel less
-    morning ten simple several toward war lay against pattern slow center love person money serve
-    appear road map rain rule govern pull cold notice voice unit power town fine drive""".split()
-)
 
 
 class LoadError(RuntimeError):
@@ -159,6 +136,7 @@ async def run_load(
 
     Raises:
         LoadError: ``base_url`` is not an ``http://`` or ``https://`` URL.
+        Exception: whatever ``on_progress`` or ``should_stop`` raised (the run ends there).
     """
     parts = urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -441,21 +419,25 @@ class _Run:
         tasks: list[asyncio.Task[None]] = []
         dispatcher = asyncio.create_task(self._dispatch(tasks))
         try:
-            if self.stop.poll is None:
-                await self.finished.wait()
-            else:
-                while not self.stop.check():
-                    try:
-                        await asyncio.wait_for(self.finished.wait(), _STOP_POLL_S)
+            # Each request ends by its own timeout, so ``finished`` is set in bounded time, unless
+            # a task died of an exception (a bug, or a raising ``on_progress``): that is checked
+            # at every poll, and raised below, so the run never waits for a request that is gone.
+            while not self.stop.check():
+                try:
+                    await asyncio.wait_for(self.finished.wait(), _STOP_POLL_S)
+                    break
+                except asyncio.TimeoutError:
+                    if _first_error([dispatcher, *tasks]) is not None:
                         break
-                    except asyncio.TimeoutError:
-                        pass
         finally:
             cancelled = self.in_flight if not self.finished.is_set() else 0
             dispatcher.cancel()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(dispatcher, *tasks, return_exceptions=True)
+        error = _first_error([dispatcher, *tasks])
+        if error is not None:
+            raise error
         if self.stop.stopped and not self.finished.is_set():
             end = time.perf_counter()
         else:
@@ -493,6 +475,14 @@ class _Run:
             if done == self.total or now - self.last_progress >= _PROGRESS_EVERY_S:
                 self.last_progress = now
                 self.on_progress(done, self.total)
+
+
+def _first_error(tasks: list[asyncio.Task[None]]) -> BaseException | None:
+    """The exception of the first task that ended with one (cancelled tasks have none)."""
+    for task in tasks:
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            return task.exception()
+    return None
 
 
 def _stats(name: str, values: np.ndarray, metrics: dict[str, float]) -> None:

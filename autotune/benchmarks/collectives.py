@@ -61,7 +61,6 @@ import os
 import queue
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -74,6 +73,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
+
+from autotune._net import free_port
 
 if TYPE_CHECKING:
     import torch
@@ -315,12 +316,6 @@ class _Rank:
     forwarder: threading.Thread
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _forward(stream: IO[bytes], sink: IO[str], lock: threading.Lock, tail: collections.deque[str]) -> None:
     """Copy a rank's output to ``sink`` line by line, verbatim, keeping the last lines in ``tail``."""
     try:
@@ -400,7 +395,7 @@ def _launch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         env.setdefault("NCCL_DEBUG", "WARN")
     env.update(
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(_free_port()),
+        MASTER_PORT=str(free_port()),
         WORLD_SIZE=str(world),
         LOCAL_WORLD_SIZE=str(world),
         PYTHONUNBUFFERED="1",

@@ -29,35 +29,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from autotune._words import COMMON_WORDS
+
 __all__ = ["make_tiny_llama", "parameter_count", "main"]
 
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")
 _SPACE = "\u2581"  # the Metaspace marker: a token "\u2581word" decodes to " word"
 
-# Common English words (the load generator's prompts are drawn from words like these): each is one
-# token. The rest of the vocabulary is filled with synthetic words ``w<N>``.
-_WORDS = """
-the of and to in is was for on are with as at be by this had not but from have they which one you
-were her all she there would their we him been has when who will more no if out so said what up its
-about into than them can only other new some could time these two may then do first any my now such
-like our over man me even most made after also did many before must through back years where much
-your way well down should because each just those people how too little state good very make world
-still own see men work long get here between both life being under never day same another know
-while last might us great old year off come since against go came right used take three house water
-small place end put home read hand large add land big high follow act why ask change went light kind
-need try again animal point mother near build self earth father head stand page country found answer
-school grow study learn plant cover food sun four thought let keep eye tree city cross hard start
-story saw far sea draw left late run press close night real north open seem together next white
-children begin walk example paper group always music mark often letter until mile river car feet care
-second book carry took science eat room friend began idea fish mountain stop once base hear horse cut
-sure watch color face wood main enough plain girl usual young ready above ever red list though feel
-talk bird soon body dog family direct pose leave song measure door product black short class wind
-question happen complete ship area half rock order fire south problem piece told knew pass farm top
-whole king size heard best hour better true during hundred five remember step early hold west ground
-interest reach fast sing listen six table travel less morning ten simple several toward war lay
-pattern slow center love person money serve appear road map rain rule govern pull cold notice voice
-unit power town fine drive hello tell me a story about once upon there lived model server token
-""".split()
+# Every word the load generator sends (one token each), then the words of the engine tests' chat
+# prompts. The rest of the vocabulary is filled with synthetic words ``w<N>``.
+_WORDS = (*COMMON_WORDS, "hello", "tell", "a", "upon", "lived", "model", "server", "token")
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,12 +14,7 @@ from typing import Iterator, Mapping, Sequence
 import pytest
 import requests
 
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from autotune._net import free_port
 
 
 @dataclass
@@ -62,7 +56,7 @@ class SimProcess:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+                self.proc.wait(timeout=10)
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from autotune.sim import ServerArgs, Workload, load_scenario, predict
 from autotune.sim.args import args_from_mapping
 from autotune.sim.engine import configure
 from autotune.sim.nccl import Nccl, parse_nccl_env
+from autotune.sim.scenario import Noise
 
 GLM = load_scenario("rtx6000-pcie-glm5")
 KIMI = load_scenario("rtx6000-pcie-kimi-eagle3")
@@ -165,6 +166,19 @@ def test_nccl_channels_used_shrink_with_message_size() -> None:
 
 
 def test_seeded_noise_is_reproducible() -> None:
-    a = predict(TINY, ServerArgs(), {}, Workload(16, 32, 16, 16), seed=3)
-    b = predict(TINY, ServerArgs(), {}, Workload(16, 32, 16, 16), seed=3)
-    assert a.output_throughput == b.output_throughput
+    """With run-to-run noise on, a seed fixes the run: same seed, same number; other seeds differ."""
+    noisy = TINY.model_copy(update={"noise": Noise(throughput_sd=0.05)})
+    w = Workload(16, 32, 16, 16)
+    expected = predict(noisy, ServerArgs(), {}, w)  # seed=None: the noise-free expectation
+    runs = {seed: predict(noisy, ServerArgs(), {}, w, seed=seed) for seed in range(1, 6)}
+    again = predict(noisy, ServerArgs(), {}, w, seed=3)
+    assert again.output_throughput == runs[3].output_throughput
+    assert again.details["noise_factor"] == runs[3].details["noise_factor"]
+    assert len({p.output_throughput for p in runs.values()}) == len(runs)
+    for p in runs.values():  # the noise scales throughput by the run's factor, nothing else
+        factor = p.details["noise_factor"]
+        assert factor != 1.0 and 0.5 <= factor <= 1.5
+        assert p.output_throughput == pytest.approx(expected.output_throughput * factor, rel=1e-3)
+    # The scenario's own noise of 0 makes every seed the expectation.
+    quiet = predict(TINY, ServerArgs(), {}, w, seed=3)
+    assert quiet.output_throughput == predict(TINY, ServerArgs(), {}, w).output_throughput
