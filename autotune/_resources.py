@@ -28,12 +28,14 @@ def resolve(kind: str, name_or_path: str) -> Path:
     """Resolve a built-in name or a file path to an existing file.
 
     Raises:
-        FileNotFoundError: neither a built-in of that name nor an existing file.
+        FileNotFoundError: neither a built-in of that name nor an existing file (or a folder).
     """
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or "/" in name_or_path:
         if path.is_file():
             return path
+        if path.is_dir():
+            raise FileNotFoundError(f"{kind.rstrip('s').replace('_', ' ')} {name_or_path}: is a folder, not a file")
         raise FileNotFoundError(f"{kind.rstrip('s').replace('_', ' ')} file not found: {name_or_path}")
     builtin = data_dir(kind) / f"{name_or_path}.yaml"
     if builtin.is_file():

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import click
+import sqlalchemy.exc
 import typer
+import typer._click.exceptions as _click_exc
 from rich.console import Console
+from rich.text import Text
 
 from autotune.config import DEFAULT_STORAGE, StudyConfig
 from autotune.errors import ConfigError, UsageError
+from autotune.storage import check_storage, has_studies, open_storage
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find the best launch configuration of an LLM inference server, by experiment.")
@@ -34,7 +39,11 @@ def _console(stderr: bool = False) -> Console:
 _out = _console()
 _err = _console(stderr=True)
 
+_USER_UMASK: int | None = None
+"""The umask the user ran us with (restored for launched servers); None when not run by main()."""
+
 StorageOpt = typer.Option(DEFAULT_STORAGE, "--storage", help="Optuna storage URL.")
+NameArg = typer.Argument(..., metavar="NAME", help="The study name.")
 
 
 def _print_json(doc: Any) -> None:
@@ -44,7 +53,7 @@ def _print_json(doc: Any) -> None:
 # -- study start / resume -------------------------------------------------------------------
 @study_app.command("start")
 def study_start(
-    config: Optional[Path] = typer.Argument(None, help="Study config YAML."),
+    config: Optional[Path] = typer.Argument(None, metavar="CONFIG", help="Study config YAML."),
     demo: bool = typer.Option(False, "--demo", help="Run the built-in demo study on the simulated host."),
     name: Optional[str] = typer.Option(None, "--name", help="Override the study name."),
     storage: Optional[str] = typer.Option(None, "--storage", help="Override the storage URL."),
@@ -61,24 +70,28 @@ def study_start(
         raise UsageError("give a CONFIG file or --demo (not both)")
     cfg = StudyConfig.from_mapping(DEMO_CONFIG, "demo") if demo else StudyConfig.load(config)  # type: ignore[arg-type]
     overrides: dict[str, Any] = {}
-    if name:
+    if name is not None:  # `--name ""` is an error, not "no override"
         overrides["name"] = name
-    if storage:
+    if storage is not None:
         overrides["storage"] = storage
     if seed is not None:
         overrides["seed"] = seed
-    if baseline_from:
-        other, _, other_storage = baseline_from.partition("@")
-        overrides["baseline_from"] = {"study": other, "storage": other_storage or None}
+    if baseline_from is not None:
+        # STUDY@STORAGE splits at the '@' that starts a URL: a study name may hold '@' itself.
+        m = re.fullmatch(r"([^@].*?)(?:@([A-Za-z][\w+.-]*://.*))?", baseline_from)
+        if m is None:
+            raise UsageError(f"--baseline-from '{baseline_from}': expected STUDY or STUDY@STORAGE")
+        overrides["baseline_from"] = {"study": m.group(1), "storage": m.group(2)}
     if overrides:
         cfg = StudyConfig.from_mapping({**cfg.model_dump(), **overrides}, "command line")
     if executor != "serial":
         raise UsageError(f"--executor {executor}: only 'serial' is available in this version")
+    check_storage(cfg.storage)  # before anything is created
     _run_study(cfg, trials)
 
 
 @study_app.command("resume")
-def study_resume(name: str, storage: str = StorageOpt,
+def study_resume(name: str = NameArg, storage: str = StorageOpt,
                  trials: Optional[int] = typer.Option(None, "--trials", min=1, help="Override the trial budget.")) -> None:
     """Continue a stored study with the config it was started with."""
     from autotune.study_view import load_study
@@ -87,7 +100,25 @@ def study_resume(name: str, storage: str = StorageOpt,
     data = study.user_attrs.get("config")
     if not data:
         raise UsageError(f"study '{name}' was not started by autotune (no stored config)")
-    _run_study(StudyConfig.from_mapping({**data, "storage": storage}, f"stored study {name}"), trials)
+    _run_study(StudyConfig.from_mapping(_with_secrets(data, name) | {"storage": storage}, f"stored study {name}"), trials)
+
+
+def _with_secrets(data: dict[str, Any], name: str) -> dict[str, Any]:
+    """A stored config with its ``${NAME}`` secret references filled in from the environment.
+
+    Raises:
+        UsageError: a referenced secret is not set in the environment (named in the message).
+    """
+    from autotune.secrets import expand_command, expand_env
+
+    target = dict(data.get("target") or {})
+    extra = target.get("secrets") or []
+    where = f"stored study {name}"
+    if isinstance(target.get("env"), dict):
+        target["env"] = expand_env(target["env"], extra, where=where)
+    if isinstance(target.get("command"), str):
+        target["command"] = expand_command(target["command"], extra, where=where)
+    return {**data, "target": target}
 
 
 def _run_study(cfg: StudyConfig, trials: int | None) -> None:
@@ -99,6 +130,7 @@ def _run_study(cfg: StudyConfig, trials: int | None) -> None:
     from autotune.progress import ConsoleReporter
     from autotune.runner import TrialRunner
     from autotune.space import SearchSpace
+    from autotune.stopping import StopRequest
 
     space = SearchSpace.load(cfg.space)
     objective = Objective.load_file(cfg.objective, cfg.objective_overrides)
@@ -112,8 +144,9 @@ def _run_study(cfg: StudyConfig, trials: int | None) -> None:
         if not db_dir.is_dir():
             raise UsageError(f"storage {cfg.storage}: folder {db_dir} does not exist")
     preset = get_preset(cfg.target.engine)
+    stop = StopRequest()
     runner = TrialRunner(
-        make_host(cfg.target.hosts[0]),
+        make_host(cfg.target.hosts[0], child_umask=_USER_UMASK),
         preset,
         objective,
         log_dir=artifact_dir(cfg.storage) / "logs" / cfg.name,
@@ -126,17 +159,25 @@ def _run_study(cfg: StudyConfig, trials: int | None) -> None:
         ready_path=cfg.target.ready_path,
         api=cfg.target.api,
         port=cfg.target.port,
+        stop=stop,
+        secrets=cfg.target.secrets,
+        public=space.applied_names(),
     )
     reporter = ConsoleReporter(_err, metric=objective.metric)
-    driver = Driver(cfg, space, objective, SerialExecutor(runner), reporter=reporter, trials=trials)
+    driver = Driver(cfg, space, objective, SerialExecutor(runner), reporter=reporter, trials=trials, stop=stop)
     try:
         run = driver.run()
     except HostBrokenError as exc:
-        _err.print(f"[red]{exc}[/red]")
+        _err.print(str(exc), style="red", markup=False)
         raise typer.Exit(1) from None
-    except KeyboardInterrupt:
-        _err.print("interrupted: the running trial was recorded as FAIL; `autotune study resume` continues")
-        raise typer.Exit(130) from None
+    except sqlalchemy.exc.SQLAlchemyError as exc:
+        # Locked for longer than the storage waits, or its disk is full: what was recorded stays.
+        orig = getattr(exc, "orig", None) or exc
+        _err.print(f"storage error, study stopped: {str(orig).splitlines()[0] if str(orig) else type(orig).__name__}; "
+                   f"`autotune study resume {cfg.name}` continues", style="red", markup=False)
+        raise typer.Exit(1) from None
+    if stop.requested:
+        raise typer.Exit(stop.exit_code)
     _print_best(run.study, objective.metric)
 
 
@@ -159,7 +200,7 @@ def _baseline_from(cfg: StudyConfig, space: Any) -> dict[str, Any]:
     if not shared:
         raise UsageError(f"baseline_from: study '{source.study_name}' shares no parameter with space {space.name}")
     _err.print(f"baseline from study {source.study_name} trial {best.number}: "
-               + " ".join(f"{k}={v}" for k, v in shared.items()))
+               + " ".join(f"{k}={v}" for k, v in shared.items()), markup=False)
     return {**shared, **cfg.baseline}
 
 
@@ -176,9 +217,10 @@ def _print_best(study: Any, metric: str) -> None:
         vs = " (the baseline)"
     elif base and base[0].value:
         vs = f" ({best.value / base[0].value:.2f}x the baseline's {base[0].value:.4g})"  # type: ignore[operator]
-    _out.print(f"best: trial {best.number} {metric}={best.value:.4g}{vs}")
-    _out.print("  " + " ".join(f"{k}={v}" for k, v in best.params.items()))
-    _out.print(f"  export it: autotune export {study.study_name} --format sh -o profile.sh")
+    # Names and values are user data: printed as text, never read as rich markup.
+    _out.print(f"best: trial {best.number} {metric}={best.value:.4g}{vs}", markup=False)
+    _out.print("  " + " ".join(f"{k}={v}" for k, v in best.params.items()), markup=False)
+    _out.print(f"  export it: autotune export {study.study_name} --format sh -o profile.sh", markup=False)
 
 
 # -- study list / show / best / explain -----------------------------------------------------
@@ -190,13 +232,12 @@ def study_list(storage: str = StorageOpt, as_json: bool = typer.Option(False, "-
 
     from autotune.study_view import best_view, trial_views
 
-    try:
-        summaries = optuna.get_all_study_summaries(storage=storage, include_best_trial=False)
-    except Exception as exc:  # noqa: BLE001
-        raise UsageError(f"cannot open storage {storage}: {str(exc).splitlines()[0]}") from None
+    # A missing SQLite file lists no study and is not created.
+    rdb = open_storage(storage) if has_studies(storage) else None
+    summaries = [] if rdb is None else optuna.get_all_study_summaries(storage=rdb, include_best_trial=False)
     rows = []
     for s in summaries:
-        study = optuna.load_study(study_name=s.study_name, storage=storage)
+        study = optuna.load_study(study_name=s.study_name, storage=rdb)
         views = trial_views(study)
         best = best_view(study)
         rows.append({"study": s.study_name, "trials": len(views),
@@ -207,17 +248,17 @@ def study_list(storage: str = StorageOpt, as_json: bool = typer.Option(False, "-
     if as_json:
         _print_json(rows)
         return
-    table = Table(title=f"studies in {storage}")
+    table = Table(title=Text(f"studies in {storage}"))
     for col in ("study", "trials", "feasible", "infeasible", "best", "created"):
         table.add_column(col)
-    for r in rows:
-        table.add_row(*(("" if r[c] is None else f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c])) for c in
+    for r in rows:  # Text cells: a study name is never read as markup
+        table.add_row(*(Text("" if r[c] is None else f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c])) for c in
                         ("study", "trials", "feasible", "infeasible", "best", "created")))
     _out.print(table)
 
 
 @study_app.command("show")
-def study_show(name: str, storage: str = StorageOpt, as_json: bool = typer.Option(False, "--json"),
+def study_show(name: str = NameArg, storage: str = StorageOpt, as_json: bool = typer.Option(False, "--json"),
                excerpts: bool = typer.Option(True, "--excerpts/--no-excerpts", help="Print failure log excerpts.")) -> None:
     """Every trial of a study: outcome, value, failure kind and log excerpt."""
     from autotune.progress import summary_table
@@ -233,14 +274,14 @@ def study_show(name: str, storage: str = StorageOpt, as_json: bool = typer.Optio
     if excerpts:
         for v in views:
             if v.failure:
-                _out.rule(f"trial {v.number}: {v.failure['kind']}")
+                _out.rule(Text(f"trial {v.number}: {v.failure['kind']}"))
                 _out.print(v.failure.get("message") or "", markup=False, highlight=False)
                 if v.failure.get("excerpt"):
                     _out.print(v.failure["excerpt"], markup=False, highlight=False, style="dim")
 
 
 @study_app.command("best")
-def study_best(name: str, storage: str = StorageOpt, as_json: bool = typer.Option(False, "--json")) -> None:
+def study_best(name: str = NameArg, storage: str = StorageOpt, as_json: bool = typer.Option(False, "--json")) -> None:
     """The best feasible trial of a study."""
     from autotune.study_view import best_json, best_view, load_study
 
@@ -255,7 +296,7 @@ def study_best(name: str, storage: str = StorageOpt, as_json: bool = typer.Optio
 
 
 @study_app.command("explain")
-def study_explain(name: str, storage: str = StorageOpt, as_json: bool = typer.Option(False, "--json")) -> None:
+def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool = typer.Option(False, "--json")) -> None:
     """Which parameters mattered, and which values crash."""
     from autotune.analysis import explain
     from autotune.study_view import load_study
@@ -264,17 +305,17 @@ def study_explain(name: str, storage: str = StorageOpt, as_json: bool = typer.Op
     if as_json:
         _print_json(doc)
         return
-    _out.print(f"[bold]{doc['study']}[/bold]: {doc['trials']} trials, outcomes {doc['outcomes']}")
+    _out.print(Text.assemble((str(doc["study"]), "bold"), f": {doc['trials']} trials, outcomes {doc['outcomes']}"))
     if doc["failure_kinds"]:
-        _out.print("failure kinds: " + ", ".join(f"{k} x{n}" for k, n in doc["failure_kinds"].items()))
+        _out.print("failure kinds: " + ", ".join(f"{k} x{n}" for k, n in doc["failure_kinds"].items()), markup=False)
     if doc["failure_rules"]:
         _out.print("[bold]what fails[/bold]")
         for rule in doc["failure_rules"]:
-            _out.print(f"  {rule}")
+            _out.print(f"  {rule}", markup=False)
     if doc["importances"]:
         _out.print("[bold]what matters[/bold] (fANOVA over feasible trials)")
         for k, v in doc["importances"].items():
-            _out.print(f"  {k:32s} {v:.3f}")
+            _out.print(f"  {k:32s} {v:.3f}", markup=False)
     else:
         _out.print("importances: too few feasible trials")
 
@@ -290,27 +331,31 @@ def export(
 ) -> None:
     """Export the best configuration of a study as a launch profile."""
     from autotune.engines.registry import PRESETS
-    from autotune.export import FORMATS, profile, render
+    from autotune.export import FILE_MODE, FORMATS, SH_MODE, check_output, profile, render, write_profile
     from autotune.study_view import best_view, load_study
 
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
+    if port is not None and not 1 <= port <= 65535:
+        raise UsageError(f"--port {port}: expected a port number between 1 and 65535")
+    if output is not None:
+        check_output(output)  # before anything is read or rendered
     study = load_study(name, storage)
     best = best_view(study)
     if best is None:
         raise UsageError(f"study '{name}' has no feasible trial to export")
     engine = ((study.user_attrs.get("config") or {}).get("target") or {}).get("engine", "sim")
-    chosen_port = port or (PRESETS[engine].default_port if engine in PRESETS else 30000)
+    chosen_port = port if port is not None else (PRESETS[engine].default_port if engine in PRESETS else 30000)
     objective = study.user_attrs.get("objective") or {}
     prof = profile(name, objective.get("metric"), study.direction.name.lower(), best, chosen_port)
-    text = render(fmt, prof, best.argv_template or best.argv)
+    text = render(fmt, prof, best.argv_template or best.argv, secret_env_keys=best.secret_env,
+                  secret_args=best.secret_args)
     if output is None:
         sys.stdout.write(text)
         return
-    output.write_text(text)
-    if fmt == "sh":
-        output.chmod(0o755)
-    _err.print(f"wrote {output} (trial {best.number}, {objective.get('metric')}={best.value:.4g})")
+    write_profile(output, text, SH_MODE if fmt == "sh" else FILE_MODE)
+    _err.print(f"wrote {output} (trial {best.number}, {objective.get('metric')}={best.value:.4g})",
+               markup=False, highlight=False)
 
 
 @app.command("dashboard")
@@ -322,31 +367,57 @@ def dashboard(storage: str = StorageOpt, host: str = typer.Option("127.0.0.1", "
 
     from autotune.driver import artifact_dir
 
+    if not 1 <= port <= 65535:
+        raise UsageError(f"--port {port}: expected a port number between 1 and 65535")
+    if not host.strip():
+        raise UsageError("--host: expected an address to listen on, e.g. 127.0.0.1")
+    check_storage(storage)  # before anything is created
     store_dir = artifact_dir(storage)
     store_dir.mkdir(parents=True, exist_ok=True)
-    _err.print(f"optuna-dashboard on http://{host}:{port}/ (storage {storage})")
-    run_server(storage, host=host, port=port, artifact_store=FileSystemArtifactStore(str(store_dir)))
+    _err.print(f"optuna-dashboard on http://{host}:{port}/ (storage {storage})", markup=False)
+    # An opened storage, not the URL: optuna-dashboard opens a URL without creating the tables,
+    # which fails on a new database.
+    run_server(open_storage(storage), host=host, port=port, artifact_store=FileSystemArtifactStore(str(store_dir)))
 
 
 def main() -> None:
-    """Console entry point: one-line errors with exit code 2 for bad input, never a traceback."""
+    """Console entry point: one-line errors with exit code 2 for bad input, never a traceback.
+
+    Files and folders the tool creates are private (umask 077: 0600 and 0700); the servers it
+    launches keep the user's umask.
+    """
+    import os
     import warnings
+
+    global _USER_UMASK
+    _USER_UMASK = os.umask(0o077)
 
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     try:
-        rc = app(standalone_mode=False)
-    except click.exceptions.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        sys.exit(130)
-    except (UsageError, ConfigError) as exc:
-        sys.stderr.write(f"autotune: error: {' '.join(str(exc).split())}\n")
-        sys.exit(2)
+        rc = app(args=sys.argv[1:], prog_name="autotune", standalone_mode=False)
+    except (_click_exc.NoArgsIsHelpError, click.exceptions.NoArgsIsHelpError) as exc:
+        sys.stdout.write(exc.format_message().rstrip("\n") + "\n")  # a bare group: its help, as --help
+        sys.exit(0)
+    except (_click_exc.UsageError, click.exceptions.UsageError) as exc:
+        usage = exc.ctx.get_usage().removeprefix("Usage: ").strip() if exc.ctx is not None else ""
+        usage = re.sub(r"\{([^{}]*)\}", r"\1", usage)  # typer writes a required argument as {NAME}
+        _fail(exc.format_message() + (f" (usage: {usage})" if usage else ""))
+    except (_click_exc.ClickException, click.exceptions.ClickException) as exc:
+        _fail(exc.format_message(), exc.exit_code)
+    except (typer.Abort, click.exceptions.Abort, KeyboardInterrupt):
+        sys.exit(130)  # Ctrl-C outside a study (a study handles its signals itself)
+    except (UsageError, ConfigError) as exc:  # StudyNotFoundError too
+        _fail(str(exc))
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    """Print ``autotune: error: MESSAGE`` as one line on stderr and exit with ``code``."""
+    sys.stderr.write(f"autotune: error: {' '.join(message.split()) or 'invalid input'}\n")
+    sys.exit(code)
 
 
 if __name__ == "__main__":

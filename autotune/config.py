@@ -22,6 +22,7 @@ naming the file and the key.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -29,17 +30,26 @@ from typing import Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from autotune._template import TARGET_FIELDS, template_fields
 from autotune._yaml import load_yaml_mapping, one_line
 from autotune.errors import ConfigError
 
 DEFAULT_STORAGE = "sqlite:///autotune.db"
+MAX_SEED = 2**32 - 1  # numpy's RandomState, which Optuna's samplers seed, takes 0 .. 2**32 - 1
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_FLAG_NAME = re.compile(r"--?[A-Za-z0-9][\w.-]*")
 Engine = Literal["sim", "sglang", "vllm", "transformers", "custom", "none"]
 
 
 class TargetConfig(BaseModel):
-    """What a trial launches and where."""
+    """What a trial launches and where.
 
-    model_config = ConfigDict(extra="forbid")
+    ``command`` may only hold the placeholders ``{python}``, ``{port}``, ``{host}``, ``{model}``
+    and ``{scenario}`` (and must hold ``{port}``); ``secrets`` names further env vars or flags
+    whose values are secret (never shown or exported in clear).
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     engine: Engine = "sim"
     scenario: str | None = None
@@ -51,21 +61,51 @@ class TargetConfig(BaseModel):
     ready_path: str | None = None
     api: Literal["openai", "sglang"] | None = None
     port: int | None = Field(default=None, ge=1024, le=65535)
+    secrets: list[str] = Field(default_factory=list)
 
     @field_validator("env", mode="before")
     @classmethod
     def _env_as_text(cls, value: Any) -> Any:
         if isinstance(value, dict):
-            return {str(k): ("1" if v is True else "0" if v is False else str(v)) for k, v in value.items()}
+            out = {}
+            for k, v in value.items():
+                if v is None or isinstance(v, (list, dict)) or (isinstance(v, float) and not math.isfinite(v)):
+                    raise ValueError(f"{k}: expected a text or number value, got {'null' if v is None else v!r}")
+                out[str(k)] = "1" if v is True else "0" if v is False else str(v)
+            return out
         return value
 
     @field_validator("env")
     @classmethod
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
         for k in env:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+            if not _ENV_NAME.fullmatch(k):
                 raise ValueError(f"'{k}' is not a valid environment variable name")
         return env
+
+    @field_validator("command")
+    @classmethod
+    def _command_template(cls, command: str | None) -> str | None:
+        if command is None:
+            return None
+        if "port" not in template_fields(command, TARGET_FIELDS):
+            raise ValueError("must contain {port} (the port the server listens on)")
+        return command
+
+    @field_validator("ready_path")
+    @classmethod
+    def _ready_path(cls, path: str | None) -> str | None:
+        if path is not None and not re.fullmatch(r"/\S*", path):
+            raise ValueError(f"'{path}' is not a URL path (e.g. /health)")
+        return path
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_names(cls, names: list[str]) -> list[str]:
+        for n in names:
+            if not (_ENV_NAME.fullmatch(n) or _FLAG_NAME.fullmatch(n)):
+                raise ValueError(f"'{n}' is neither an environment variable name nor a flag starting with '-'")
+        return names
 
     @field_validator("hosts")
     @classmethod
@@ -79,6 +119,8 @@ class TargetConfig(BaseModel):
     def _engine_needs(self) -> TargetConfig:
         if self.engine == "sim" and not self.scenario:
             raise ValueError("engine 'sim' needs a 'scenario' (see `autotune sim scenarios`)")
+        if self.engine == "sim" and self.scenario:
+            _check_scenario(self.scenario)
         if self.engine != "sim" and self.scenario:
             raise ValueError("'scenario' is only for engine 'sim'")
         if self.engine == "custom" and not self.command:
@@ -87,15 +129,29 @@ class TargetConfig(BaseModel):
             raise ValueError(f"engine '{self.engine}' needs a 'model' (or a full 'command')")
         if self.engine == "none" and self.command:
             raise ValueError("engine 'none' runs the objective's benchmark command; it takes no 'command'")
-        if self.command is not None and "{port}" not in self.command:
-            raise ValueError("'command' must contain {port}")
         return self
+
+
+def _check_scenario(scenario: str) -> None:
+    """A sim scenario must be a built-in name or a valid scenario file, else every trial crashes.
+
+    Raises:
+        ValueError: one line naming the scenario and the problem.
+    """
+    from autotune.sim.scenario import ScenarioError, list_scenarios, load_scenario
+
+    if scenario not in list_scenarios() and not Path(scenario).expanduser().is_file():
+        raise ValueError(f"scenario '{scenario}': no such built-in or file (built-ins: {', '.join(list_scenarios())})")
+    try:
+        load_scenario(scenario)
+    except ScenarioError as exc:
+        raise ValueError(str(exc)) from None
 
 
 class BudgetConfig(BaseModel):
     """When a study stops: after ``trials`` finished trials or ``hours`` of trial time, in total."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     trials: int | None = Field(default=40, gt=0)
     hours: float | None = Field(default=None, gt=0)
@@ -113,9 +169,9 @@ class BaselineFrom(BaseModel):
 class StudyConfig(BaseModel):
     """A whole study: target, space, objective, baseline, budget and storage."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][\w.@+-]*$")
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][\w.@+-]*$")
     target: TargetConfig
     space: str = "sglang_nccl"
     objective: str = "throughput"
@@ -125,8 +181,8 @@ class StudyConfig(BaseModel):
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
     storage: str = DEFAULT_STORAGE
     sampler: Literal["tpe", "gp", "random"] = "tpe"
-    seed: int | None = None
-    max_fault_retries: int = Field(default=2, ge=0)
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    max_fault_retries: int = Field(default=2, ge=0, le=100)
 
     @classmethod
     def load(cls, path: str | Path) -> StudyConfig:

@@ -13,14 +13,24 @@ launch by the search space, run by the executor (which returns a plain ``TrialRe
 
 Every trial carries ``outcome``, ``failure_kind``, ``failure_excerpt``, ``metrics``, ``applied``,
 ``env``, ``argv`` and ``feasible`` in its user_attrs (the dashboard shows user_attrs, not
-constraints), and its server log as an artifact. A study started again with the same name
-continues: stale RUNNING trials are failed and their parameters enqueued again.
+constraints), and its server log as an artifact.
+
+One study, one owner: the driver takes the study's lease (:mod:`autotune.lease`) before it writes
+anything, and a second driver on a live study is refused. A study started again with the same
+name continues: RUNNING trials of a dead owner are failed (``fault``/``interrupted``), whatever
+they left running is killed, and their parameters are enqueued again. A signal stops the study
+after the running trial is torn down (:mod:`autotune.stopping`); that trial is recorded as
+``fault``/``interrupted`` and enqueued again, so an interrupted baseline runs again too. A seeded
+study's sampler is seeded from the seed and the number of trials so far, so a resumed study
+continues its search instead of replaying it, and stays reproducible.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import shlex
+import shutil
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,10 +41,15 @@ from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.trial import TrialState
 
 from autotune.config import StudyConfig
-from autotune.hosts import kill_stale_local_server
+from autotune.errors import UsageError
+from autotune.hosts import MIN_FREE_BYTES, kill_stale_local_server
+from autotune.lease import StudyLease
 from autotune.objective import Objective
 from autotune.runner import TrialResult, TrialSpec
+from autotune.secrets import Redactor
 from autotune.space import SearchSpace
+from autotune.stopping import StopRequest, handle_signals
+from autotune.storage import open_storage
 from autotune.study_view import best_view
 
 FAILURE_CONSTRAINT = "failure"
@@ -71,6 +86,10 @@ class HostBrokenError(RuntimeError):
     """Several infrastructure faults in a row: the study stops rather than burn its budget."""
 
 
+class StudyMismatchError(UsageError):
+    """A study of this name exists with another direction or another search space."""
+
+
 @dataclass
 class StudyRun:
     """What one invocation of the driver did."""
@@ -87,6 +106,17 @@ def artifact_dir(storage: str) -> Path:
         db = Path(storage.removeprefix("sqlite:///"))
         return db.parent / "autotune-artifacts"
     return Path("autotune-artifacts")
+
+
+def derived_seed(seed: int | None, trials_so_far: int) -> int | None:
+    """The sampler seed of an invocation that starts after ``trials_so_far`` trials.
+
+    A resumed seeded study must not replay the sequence it already ran, and must stay
+    reproducible: the seed depends on the configured seed and the history's length only.
+    """
+    if seed is None:
+        return None
+    return (seed * 1_000_003 + trials_so_far * 7_919) % 2**32
 
 
 def make_sampler(kind: str, seed: int | None) -> optuna.samplers.BaseSampler:
@@ -124,6 +154,7 @@ class Driver:
         *,
         reporter: Reporter | None = None,
         trials: int | None = None,
+        stop: StopRequest | None = None,
     ) -> None:
         self.config = config
         self.space = space
@@ -132,37 +163,56 @@ class Driver:
         self.reporter: Reporter = reporter or QuietReporter()
         self.budget_trials = trials if trials is not None else config.budget.trials
         self.artifacts = artifact_dir(config.storage)
-        self.artifacts.mkdir(parents=True, exist_ok=True)
         self.store = FileSystemArtifactStore(str(self.artifacts))
         self.constraint_keys = [FAILURE_CONSTRAINT] + [f"slo:{c}" for c in objective.constraints]
+        self.stop = stop or StopRequest()
+        self.lease: StudyLease | None = None
 
     # -- setup ------------------------------------------------------------------------------
     def open_study(self) -> optuna.Study:
-        """Create the study or load the one of the same name; fail stale RUNNING trials."""
+        """Take the study's lease, create the study or load the one of the same name, check that
+        it is the same study (direction, search space), and fail the trials a dead owner left
+        RUNNING (killing what they left running) before anything else is written.
+
+        Raises:
+            StudyBusyError: another live driver runs the study.
+            StudyMismatchError: a study of this name exists with another direction or space.
+            UsageError: the storage cannot be opened, or the artifact folder cannot be written.
+        """
+        self._check_artifacts_writable()
+        storage = open_storage(self.config.storage)
+        self.lease = StudyLease(storage, self.config.name)
+        self.lease.acquire()
         study = optuna.create_study(
-            storage=self.config.storage,
+            storage=storage,
             study_name=self.config.name,
             direction=self.objective.direction,
-            sampler=make_sampler(self.config.sampler, self.config.seed),
             load_if_exists=True,
         )
+        self._check_same_study(study)
+        study.sampler = make_sampler(self.config.sampler, derived_seed(self.config.seed, len(study.trials)))
         if "config" not in study.user_attrs:
-            study.set_user_attr("config", self.config.model_dump(mode="json"))
+            study.set_user_attr("config", self._stored_config())
             study.set_user_attr("objective", {"name": self.objective.name, "metric": self.objective.metric,
                                               "direction": self.objective.direction,
                                               "constraints": [str(c) for c in self.objective.constraints]})
             study.set_user_attr("space", self.space.name)
+            study.set_user_attr("space_distributions", self._space_signature())
             study.set_user_attr("created", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-        elif study.direction.name.lower() != self.objective.direction:
-            raise ValueError(f"study '{self.config.name}' exists with direction {study.direction.name.lower()}")
+        me = self.lease.me.id
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            # Heartbeats only work inside study.optimize, so an ask/tell driver fails these itself,
-            # after killing the server a dead driver may have left behind.
-            pgid, argv = t.user_attrs.get("server_pgid"), t.user_attrs.get("argv")
-            if pgid and argv and t.user_attrs.get("host", "local") == "local":
-                kill_stale_local_server(int(pgid), argv)
+            if t.user_attrs.get("owner") == me:
+                continue
+            # The lease was free or taken from a dead owner: its RUNNING trials are stale.
+            # Heartbeats only work inside study.optimize, so an ask/tell driver fails them itself,
+            # after killing what the dead driver left running.
+            if t.user_attrs.get("host", "local") == "local":
+                pgid = t.user_attrs.get("server_pgid")
+                kill_stale_local_server(int(pgid) if pgid else None, t.user_attrs.get("argv") or [],
+                                        t.user_attrs.get("server_tag"))
             study._storage.set_trial_user_attr(t._trial_id, "outcome", "fault")
             study._storage.set_trial_user_attr(t._trial_id, "failure_kind", "interrupted")
+            study._storage.set_trial_user_attr(t._trial_id, "failure_message", "its driver died while it ran")
             study.tell(t.number, state=TrialState.FAIL)
             if t.params:
                 study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number, **_baseline_attr(t)})
@@ -171,58 +221,148 @@ class Driver:
             study.enqueue_trial(baseline, user_attrs={"baseline": True}, skip_if_exists=True)
         return study
 
+    def _stored_config(self) -> dict[str, Any]:
+        """The config as stored with the study: secrets in ``target.env`` and ``target.command``
+        replaced by ``${NAME}`` references (supplied from the environment on resume)."""
+        data = self.config.model_dump(mode="json")
+        target = self.config.target
+        redactor = Redactor(target.env, (), target.secrets, public=self.space.applied_names())
+        data["target"]["env"] = redactor.env(target.env)[0]
+        if target.command:
+            redacted = redactor.command(target.command)
+            if shlex.split(redacted) != shlex.split(target.command):
+                data["target"]["command"] = redacted
+        return data
+
+    def _space_signature(self) -> dict[str, str]:
+        return {n: optuna.distributions.distribution_to_json(d) for n, d in self.space.distributions().items()}
+
+    def _check_same_study(self, study: optuna.Study) -> None:
+        name = self.config.name
+        if study.direction.name.lower() != self.objective.direction:
+            raise StudyMismatchError(
+                f"study '{name}' exists with direction {study.direction.name.lower()}, the objective says "
+                f"{self.objective.direction}: use another --name"
+            )
+        stored = study.user_attrs.get("space_distributions")
+        if stored is None:
+            # Studies recorded before the signature was kept: compare the trials' distributions.
+            stored = {}
+            for t in study.get_trials(deepcopy=False):
+                for n, d in t.distributions.items():
+                    stored.setdefault(n, optuna.distributions.distribution_to_json(d))
+            if not stored:
+                return
+        current = self._space_signature()
+        for n in sorted(set(stored) | set(current)):
+            if n not in current:
+                problem = f"parameter '{n}' is not in search space {self.space.name}"
+            elif n not in stored:
+                problem = f"parameter '{n}' is new"
+            elif optuna.distributions.json_to_distribution(stored[n]) != optuna.distributions.json_to_distribution(current[n]):
+                problem = f"parameter '{n}' changed from {stored[n]} to {current[n]}"
+            else:
+                continue
+            raise StudyMismatchError(
+                f"study '{name}' was run with another search space ({problem}): use another --name"
+            )
+
+    def _check_artifacts_writable(self) -> None:
+        try:
+            self.artifacts.mkdir(parents=True, exist_ok=True)
+            probe = self.artifacts / f".write-probe-{id(self)}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise UsageError(f"artifact folder {self.artifacts} is not writable: {exc.strerror}") from None
+
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> StudyRun:
-        """Ask, run, tell until the budget is spent. Returns what this invocation did."""
-        study = self.open_study()
+        """Ask, run, tell until the budget is spent or a stop is requested (a signal).
+
+        Returns what this invocation did; ``reason`` says why it ended. The lease is released on
+        every way out.
+        """
+        with handle_signals(self.stop):
+            try:
+                study = self.open_study()
+                assert self.lease is not None
+                self.lease.start_heartbeat()
+                return self._loop(study)
+            finally:
+                if self.lease is not None:
+                    self.lease.release()
+
+    def _loop(self, study: optuna.Study) -> StudyRun:
         run = StudyRun(study)
         self.reporter.study_started(study.study_name, len(finished_trials(study)), self.budget_trials)
         faults_in_a_row = 0
         while True:
-            reason = self._budget_spent(study)
+            reason = self._budget_spent(study) or self._must_stop()
             if reason:
                 run.reason = reason
                 break
             trial = study.ask()
+            assert self.lease is not None
+            trial.set_user_attr("owner", self.lease.me.id)
             params = self.space.suggest(trial)
             launch = self.space.to_launch(params)
             is_baseline = bool(trial.user_attrs.get("baseline"))
             self.reporter.trial_started(trial.number, launch.applied, is_baseline)
             spec = TrialSpec(trial.number, env=launch.env, args=launch.args)
+
             def on_phase(phase: str, detail: str, trial: optuna.Trial = trial) -> None:
                 if phase == "launched":
                     info = json.loads(detail)
                     trial.set_user_attr("server_pgid", info.get("pgid"))
+                    trial.set_user_attr("server_tag", info.get("tag"))
                     trial.set_user_attr("argv", info.get("argv"))
                     return
                 self.reporter.phase(trial.number, phase, detail)
 
-            try:
-                result = self.executor.run(spec, on_phase)
-            except KeyboardInterrupt:
-                study.tell(trial, state=TrialState.FAIL)
-                raise
+            result = self.executor.run(spec, on_phase)
             value = self._tell(study, trial, launch.applied, result)
             run.trials_run += 1
             run.results.append(result)
             best = best_view(study)
             self.reporter.trial_finished(result, value, None if best is None else best.value)
-            if result.outcome == "fault":
+            kind = result.failure.kind if result.failure else None
+            if kind == "interrupted":
+                # Not the trial's fault and not the host's: run the same parameters again later.
+                study.enqueue_trial(dict(trial.params), user_attrs={"retry_of": trial.number,
+                                                                     **({"baseline": True} if is_baseline else {})})
+            elif result.outcome == "fault":
                 faults_in_a_row += 1
                 retries = int(trial.user_attrs.get("fault_retries", 0))
                 if retries < self.config.max_fault_retries:
                     study.enqueue_trial(dict(trial.params), user_attrs={"fault_retries": retries + 1, "retry_of": trial.number,
                                                                          **({"baseline": True} if is_baseline else {})})
                 if faults_in_a_row >= MAX_FAULTS_IN_A_ROW:
-                    kind = result.failure.kind if result.failure else "fault"
                     msg = result.failure.message if result.failure else ""
-                    run.reason = f"stopped: {faults_in_a_row} infrastructure faults in a row ({kind}: {msg})"
+                    run.reason = f"stopped: {faults_in_a_row} infrastructure faults in a row ({kind or 'fault'}: {msg})"
                     self.reporter.study_finished(study, run.reason)
                     raise HostBrokenError(run.reason)
             else:
                 faults_in_a_row = 0
         self.reporter.study_finished(study, run.reason)
         return run
+
+    def _must_stop(self) -> str:
+        """Why the study must stop before the next trial: a signal, a lost lease, a full disk."""
+        if self.stop.requested:
+            return f"interrupted: {self.stop.reason}; `autotune study resume {self.config.name}` continues"
+        if self.lease is not None and self.lease.lost:
+            return "stopped: another driver took over this study's lease"
+        if self.config.storage.startswith("sqlite:///"):
+            folder = Path(self.config.storage.removeprefix("sqlite:///")).parent
+            try:
+                free = shutil.disk_usage(folder).free
+            except OSError:
+                return ""
+            if free < MIN_FREE_BYTES:
+                raise HostBrokenError(f"stopped: only {free // 1024} KiB free under the storage's folder {folder}; "
+                                      "free some space and resume")
+        return ""
 
     def _budget_spent(self, study: optuna.Study) -> str:
         done = finished_trials(study)
@@ -253,6 +393,8 @@ class Driver:
             "startup_s": None if result.startup_s is None else round(result.startup_s, 3),
             "duration_s": round(result.duration_s, 3),
             "server_info": _compact_info(result.server_info),
+            "secret_env": list(result.secret_env),
+            "secret_args": {str(i): n for i, n in sorted(result.secret_args.items())},
         }
         for key, val in attrs.items():
             trial.set_user_attr(key, val)

@@ -4,7 +4,8 @@ Kinds (the configuration's fault, told to the sampler as infeasible):
 ``not-enough-memory``, ``oom``, ``nccl-error``, ``invalid-argument``, ``startup-timeout``,
 ``crash`` (died with no recognised error), ``crash-under-load``, ``request-errors``,
 ``slo-violated``. Kinds that are the infrastructure's fault (FAIL, retried): ``launch-failed``,
-``port-busy``, ``host-unreachable``.
+``port-busy``, ``host-unreachable``, ``disk-full``, ``log-unwritable``, ``interrupted`` (a signal
+stopped the trial), and the benchmark command's own failures.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ INFEASIBLE_KINDS = frozenset(
     }
 )
 FAULT_KINDS = frozenset(
-    {"launch-failed", "port-busy", "host-unreachable", "benchmark-failed", "benchmark-timeout", "result-unparsed", "interrupted"}
+    {"launch-failed", "port-busy", "host-unreachable", "benchmark-failed", "benchmark-timeout", "result-unparsed",
+     "interrupted", "disk-full", "log-unwritable"}
 )
 
 

@@ -1,8 +1,12 @@
 """Hosts: where a server process runs, how its log is read, and how it is torn down.
 
 ``LocalHost`` runs the server as a subprocess in its own process group with stdout and stderr in
-a log file. Teardown sends SIGTERM to the whole group, waits a grace period, then SIGKILL, and
-checks that the port is free again before the next trial may start.
+a log file. Every launch carries a unique tag in its environment (:data:`TAG_ENV`), which each
+descendant inherits, so a child that leaves the group (``setsid``, as engines' worker launchers
+can) is still found. Teardown sends SIGTERM to the group and to every tagged process, waits a
+grace period, then SIGKILL, and checks that the port is free again before the next trial may
+start. The tag is recorded with the trial, so a driver that died is cleaned up after by the next
+one (:func:`kill_stale_local_server`), even when ``/proc/PID/cmdline`` was rewritten by a script.
 """
 
 from __future__ import annotations
@@ -10,12 +14,22 @@ from __future__ import annotations
 import abc
 import errno
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import time
+import uuid
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
+
+from autotune._net import free_port
+
+TAG_ENV = "AUTOTUNE_TRIAL_TAG"
+"""The environment variable that marks every process of one launch (inherited by children)."""
+
+MIN_FREE_BYTES = 64 * 1024 * 1024
+"""A launch needs at least this much free space where its log goes (else a ``disk-full`` fault)."""
 
 
 class HostFault(Exception):
@@ -30,14 +44,19 @@ class ServerProcess(abc.ABC):
     """A launched server: its exit status, its log, and its teardown."""
 
     log_path: Path
+    tag: str
+    pgid: int | None
 
     @abc.abstractmethod
     def poll(self) -> int | None:
         """The exit code if the server has exited, else None."""
 
     @abc.abstractmethod
-    def stop(self, grace_s: float = 10.0) -> None:
-        """Stop the server and everything it started; returns when all of it is gone."""
+    def stop(self, grace_s: float = 10.0, hurry: Callable[[], bool] | None = None) -> None:
+        """Stop the server and everything it started; returns when all of it is gone.
+
+        SIGTERM first, SIGKILL after ``grace_s`` or as soon as ``hurry()`` turns true.
+        """
 
 
 class Host(abc.ABC):
@@ -58,6 +77,11 @@ class Host(abc.ABC):
     def free_port(self) -> int:
         """A port that is free now."""
 
+    @abc.abstractmethod
+    def check_launch(self, log_path: Path) -> None:
+        """Raise :class:`HostFault` if a launch writing to ``log_path`` cannot work now (the log
+        folder is not writable: ``log-unwritable``; its disk is full: ``disk-full``)."""
+
     def wait_port_free(self, port: int, timeout_s: float = 15.0) -> None:
         """Return once ``port`` is free; raise HostFault(port-busy) after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
@@ -68,44 +92,33 @@ class Host(abc.ABC):
 
 
 class _LocalProcess(ServerProcess):
-    def __init__(self, popen: subprocess.Popen[bytes], log_path: Path) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes], log_path: Path, tag: str) -> None:
         self._popen = popen
         self.log_path = log_path
+        self.tag = tag
         self.pgid = popen.pid  # start_new_session=True: the child leads its own group
 
     def poll(self) -> int | None:
         return self._popen.poll()
 
-    def _signal_group(self, sig: int) -> bool:
-        try:
-            os.killpg(self.pgid, sig)
-            return True
-        except ProcessLookupError:
-            return False
+    def _alive(self) -> bool:
+        self._popen.poll()  # reap the leader so that a dead group reads as gone
+        return _group_alive(self.pgid) or bool(tagged_pids(self.tag))
 
-    def _group_alive(self) -> bool:
-        try:
-            os.killpg(self.pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+    def _signal_all(self, sig: int) -> None:
+        _signal_group(self.pgid, sig)
+        for pid in tagged_pids(self.tag):
+            _signal_pid(pid, sig)
 
-    def stop(self, grace_s: float = 10.0) -> None:
-        self._signal_group(signal.SIGTERM)
+    def stop(self, grace_s: float = 10.0, hurry: Callable[[], bool] | None = None) -> None:
+        self._signal_all(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            self._popen.poll()
-            if not self._group_alive():
-                break
+        while self._alive() and time.monotonic() < deadline and not (hurry is not None and hurry()):
             time.sleep(0.05)
-        else:
-            self._signal_group(signal.SIGKILL)
-            kill_deadline = time.monotonic() + 5
-            while self._group_alive() and time.monotonic() < kill_deadline:
-                self._popen.poll()
-                time.sleep(0.05)
+        kill_deadline = time.monotonic() + 10
+        while self._alive() and time.monotonic() < kill_deadline:
+            self._signal_all(signal.SIGKILL)
+            time.sleep(0.05)
         try:
             self._popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -115,13 +128,15 @@ class _LocalProcess(ServerProcess):
 class LocalHost(Host):
     """This machine; servers listen on 127.0.0.1 unless the command says otherwise."""
 
-    def __init__(self, address: str = "127.0.0.1") -> None:
+    def __init__(self, address: str = "127.0.0.1", *, child_umask: int | None = None) -> None:
         self.name = "local"
         self.address = address
+        self.child_umask = -1 if child_umask is None else child_umask
 
     def launch(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path, *, cwd: Path | None = None) -> ServerProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+        tag = uuid.uuid4().hex
+        full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1", TAG_ENV: tag}
         with open(log_path, "ab") as log:
             try:
                 popen = subprocess.Popen(
@@ -132,12 +147,13 @@ class LocalHost(Host):
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,
                     cwd=cwd,
+                    umask=self.child_umask,
                 )
             except FileNotFoundError:
                 raise HostFault("launch-failed", f"command not found on {self.name}: {argv[0]}") from None
             except PermissionError:
                 raise HostFault("launch-failed", f"command not executable on {self.name}: {argv[0]}") from None
-        return _LocalProcess(popen, log_path)
+        return _LocalProcess(popen, log_path, tag)
 
     def port_free(self, port: int) -> bool:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -151,17 +167,94 @@ class LocalHost(Host):
         return True
 
     def free_port(self) -> int:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            return int(s.getsockname()[1])
+        return free_port(self.address)
+
+    def check_launch(self, log_path: Path) -> None:
+        folder = log_path.parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            probe = folder / f".write-probe-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            kind = "disk-full" if exc.errno == errno.ENOSPC else "log-unwritable"
+            raise HostFault(kind, f"cannot write the trial log in {folder}: {exc.strerror}") from None
+        free = shutil.disk_usage(folder).free
+        if free < MIN_FREE_BYTES:
+            raise HostFault("disk-full", f"only {free // 1024} KiB free under {folder} (a trial needs "
+                                         f"{MIN_FREE_BYTES // 2**20} MiB for its log)")
 
 
-def kill_stale_local_server(pgid: int, argv: Sequence[str]) -> bool:
-    """Kill the process group ``pgid`` left by a driver that died, if it is still that server.
+def _signal_group(pgid: int | None, sig: int) -> None:
+    if pgid:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
-    The group leader's command line must equal ``argv`` (so a recycled pid is never touched).
-    Returns True if a group was killed.
+
+def _signal_pid(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int | None) -> bool:
+    if not pgid:
+        return False
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _proc_pids() -> Iterable[int]:
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    return (int(n) for n in names if n.isdigit())
+
+
+def tagged_pids(tag: str) -> list[int]:
+    """Live processes (not zombies) whose environment carries ``TAG_ENV=tag``: one launch's tree,
+    wherever its members moved (other sessions, other groups). Empty where /proc is missing."""
+    marker = f"{TAG_ENV}={tag}".encode()
+    found = []
+    me = os.getpid()
+    for pid in _proc_pids():
+        if pid == me:
+            continue
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            if marker not in environ.split(b"\0"):
+                continue
+            state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != b"Z":
+            found.append(pid)
+    return found
+
+
+def kill_stale_local_server(pgid: int | None, argv: Sequence[str], tag: str | None = None) -> bool:
+    """Kill what a driver that died left of a launch; returns True if anything was killed.
+
+    With the launch's ``tag``, every process carrying it is killed (a recycled pid never carries
+    it, and a script's rewritten command line does not matter). Without one (trials recorded by
+    older versions), the group ``pgid`` is killed only if its leader's command line equals ``argv``.
     """
+    if tag:
+        pids = tagged_pids(tag)
+        for pid in pids:
+            _signal_pid(pid, signal.SIGKILL)
+        return bool(pids)
+    if not pgid:
+        return False
     try:
         cmdline = Path(f"/proc/{pgid}/cmdline").read_bytes().split(b"\0")
     except OSError:
@@ -175,9 +268,10 @@ def kill_stale_local_server(pgid: int, argv: Sequence[str]) -> bool:
     return True
 
 
-def make_host(spec: str) -> Host:
+def make_host(spec: str, *, child_umask: int | None = None) -> Host:
     """A host from its config spelling. Only ``local`` exists in this version (the config
-    validation rejects other spellings before a study starts)."""
+    validation rejects other spellings before a study starts). ``child_umask``: the umask of
+    launched servers (None: ours)."""
     if spec != "local":
         raise ValueError(f"unsupported host '{spec}'")
-    return LocalHost()
+    return LocalHost(child_umask=child_umask)

@@ -16,31 +16,40 @@ or, instead of the built-in load generator, an external benchmark whose output i
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from autotune import _resources
+from autotune._template import BENCHMARK_FIELDS, template_fields
 from autotune._yaml import load_yaml_mapping, one_line
 from autotune.errors import ConfigError
 
 _CONSTRAINT = re.compile(r"^\s*([A-Za-z_][\w@.-]*)\s*(<=|>=)\s*(-?[\d.]+(?:e-?\d+)?)\s*$")
 
+LOADGEN_METRICS = frozenset(
+    ["completed", "failed", "input_tokens", "output_tokens", "max_concurrency", "duration_s",
+     "request_throughput", "output_throughput", "total_throughput"]
+    + [f"{stat}_{name}_ms" for stat in ("mean", "median", "p99") for name in ("ttft", "tpot", "itl", "e2e_latency")]
+)
+"""The metrics of the built-in load generator: an objective without a benchmark uses these."""
+
 
 class LoadSpec(BaseModel):
     """The built-in load generator's workload (see :class:`autotune.loadgen.Workload`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     api: Literal["openai", "sglang"] | None = None
-    concurrency: int = Field(default=64, gt=0)
-    num_prompts: int = Field(default=256, gt=0)
-    input_len: int = Field(default=256, gt=0)
-    output_len: int = Field(default=128, gt=0)
-    warmup_prompts: int = Field(default=8, ge=0)
+    concurrency: int = Field(default=64, gt=0, le=1_000_000)
+    num_prompts: int = Field(default=256, gt=0, le=10_000_000)
+    input_len: int = Field(default=256, gt=0, le=10_000_000)
+    output_len: int = Field(default=128, gt=0, le=10_000_000)
+    warmup_prompts: int = Field(default=8, ge=0, le=10_000_000)
     request_rate: float | None = Field(default=None, gt=0)
     request_timeout_s: float = Field(default=300.0, gt=0)
     max_failed_fraction: float = Field(default=0.02, ge=0, le=1)
@@ -53,17 +62,30 @@ class BenchmarkSpec(BaseModel):
     """An external benchmark command whose output is parsed into metrics.
 
     ``command`` words may hold ``{python}``, ``{host}``, ``{port}``, ``{base_url}``, ``{model}``
-    and ``{result_file}``; the result is read from ``{result_file}`` when the command names it,
+    and ``{result_file}`` (any other placeholder, an unbalanced brace or quote is a
+    :class:`ConfigError` at load); the result is read from ``{result_file}`` when the command names it,
     else from the command's output. With ``engine: none`` (no server) the trial's env applies to
     the command and the trial's flags are appended to it.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     command: str = Field(min_length=1)
     parse: ResultFormat
-    json_path: str | None = None
+    json_path: str | None = Field(default=None, min_length=1)
     timeout_s: float = Field(default=600.0, gt=0)
+
+    @field_validator("command")
+    @classmethod
+    def _command_template(cls, command: str) -> str:
+        template_fields(command, BENCHMARK_FIELDS)
+        return command
+
+    @model_validator(mode="after")
+    def _json_path_applies(self) -> BenchmarkSpec:
+        if self.json_path is not None and self.parse == "nccl-tests":
+            raise ValueError("json_path does not apply to parse: nccl-tests (its output is not JSON)")
+        return self
 
 
 @dataclass(frozen=True)
@@ -85,15 +107,24 @@ class Constraint:
 
 
 class _ObjectiveFile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str | None = None
     description: str | None = None
-    metric: str = "output_throughput"
+    metric: str = Field(default="output_throughput", min_length=1)
     direction: Literal["maximize", "minimize"] = "maximize"
     load: LoadSpec = Field(default_factory=LoadSpec)
     benchmark: BenchmarkSpec | None = None
     constraints: list[str] = Field(default_factory=list)
+
+
+def _finite(text: str) -> float | None:
+    """``text`` as a finite float, or None (``1.2.3``, ``1e999``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 @dataclass(frozen=True)
@@ -137,8 +168,14 @@ class Objective:
         constraints = []
         for text in parsed.constraints:
             m = _CONSTRAINT.match(text)
-            if not m:
+            bound = _finite(m.group(3)) if m else None
+            if m is None or bound is None:
                 raise ConfigError(f"objective {source}: constraint '{text}': expected 'metric <= number' or 'metric >= number'")
-            constraints.append(Constraint(m.group(1), m.group(2), float(m.group(3))))
+            constraints.append(Constraint(m.group(1), m.group(2), bound))
+        if parsed.benchmark is None:  # the built-in load generator: its metric names are known
+            for key, metric in [("metric", parsed.metric)] + [(f"constraint '{c}'", c.metric) for c in constraints]:
+                if metric not in LOADGEN_METRICS:
+                    raise ConfigError(f"objective {source}: {key}: the load generator measures no '{metric}' "
+                                      f"(it measures: {', '.join(sorted(LOADGEN_METRICS))})")
         name = parsed.name or source.rsplit("/", 1)[-1].removesuffix(".yaml")
         return cls(name, parsed.metric, parsed.direction, parsed.load, tuple(constraints), parsed.benchmark)

@@ -1,4 +1,9 @@
-"""Live progress of a study on the terminal (rich), or plain lines when output is not a terminal."""
+"""Live progress of a study on the terminal (rich), or plain lines when output is not a terminal.
+
+Names, parameter values, phases and failure messages are user data: they are always rendered as
+:class:`rich.text.Text` (or printed with ``markup=False``), never parsed as rich markup, so a value
+such as ``[/x]`` or ``[bold]`` is shown as written and cannot break the display.
+"""
 
 from __future__ import annotations
 
@@ -38,7 +43,7 @@ class ConsoleReporter:
         self.name, self.done, self.budget = name, done, budget
         self.study_start = time.monotonic()
         left = "" if budget is None else f", budget {budget}"
-        self.console.print(f"[bold]study {name}[/bold]: {done} trials already finished{left}")
+        self.console.print(Text.assemble((f"study {name}", "bold"), f": {done} trials already finished{left}"))
         if self.console.is_terminal:
             self.live = Live(self._status(), console=self.console, refresh_per_second=4, transient=True)
             self.live.start()
@@ -48,7 +53,7 @@ class ConsoleReporter:
         self.trial_start = time.monotonic()
         tag = " (baseline)" if baseline else ""
         shown = " ".join(f"{k}={v}" for k, v in params.items() if v != "unset")
-        self.console.print(f"[dim]trial {number}{tag}: {shown}[/dim]")
+        self.console.print(Text(f"trial {number}{tag}: {shown}", style="dim"))
         self.phase(number, "launching", "")
 
     def phase(self, number: int, phase: str, detail: str) -> None:
@@ -57,7 +62,7 @@ class ConsoleReporter:
             self.live.update(self._status())
         elif phase != self._last_plain:
             self._last_plain = phase
-            self.console.print(f"  trial {number}: {phase} ({time.monotonic() - self.trial_start:.1f}s)")
+            self.console.print(Text(f"  trial {number}: {phase} ({time.monotonic() - self.trial_start:.1f}s)"))
 
     def trial_finished(self, result: TrialResult, value: float | None, best: float | None) -> None:
         self.best = best
@@ -83,7 +88,7 @@ class ConsoleReporter:
         maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
         self.console.print(summary_table(trial_views(study), self.metric, maximize))
         if reason:
-            self.console.print(reason)
+            self.console.print(Text(reason))
 
     # -- rendering ------------------------------------------------------------------------
     def _status(self) -> Text:
@@ -101,7 +106,7 @@ class ConsoleReporter:
 def summary_table(views: list[TrialView], metric: str, maximize: bool = True) -> Table:
     """A table of every trial: number, outcome, value, failure kind, the parameters that differ
     from the baseline's (all of them for the baseline), duration. The best trial is in green."""
-    table = Table(title=f"trials ({metric})", show_lines=False)
+    table = Table(title=Text(f"trials ({metric})"), show_lines=False)
     for col in ("#", "outcome", "value", "failure", "parameters (vs baseline)", "time"):
         table.add_column(col, overflow="fold")
     values = [v.value for v in views if v.value is not None]
@@ -112,6 +117,7 @@ def summary_table(views: list[TrialView], metric: str, maximize: bool = True) ->
         style = "bold green" if v.value is not None and v.value == best else None
         shown = v.params if v.baseline else {k: p for k, p in v.params.items() if base.get(k) != p}
         params = " ".join(f"{k}={p}" for k, p in shown.items())
-        table.add_row(str(v.number) + (" (baseline)" if v.baseline else ""), v.outcome, value, v.failure_kind or "",
-                      params, f"{v.duration_s:.1f}s" if v.duration_s else "", style=style)
+        cells = (str(v.number) + (" (baseline)" if v.baseline else ""), v.outcome, value, v.failure_kind or "",
+                 params, f"{v.duration_s:.1f}s" if isinstance(v.duration_s, (int, float)) and v.duration_s else "")
+        table.add_row(*(Text(str(c)) for c in cells), style=style)  # Text: a value is never markup
     return table

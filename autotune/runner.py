@@ -8,7 +8,9 @@ and the log excerpt is read before the process is killed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import shlex
 import sys
 import time
@@ -24,12 +26,17 @@ from autotune.hosts import Host, HostFault, ServerProcess
 from autotune.loadgen import Workload, run_load_sync
 from autotune.objective import Objective
 from autotune.results import ResultParseError, parse_result
+from autotune.secrets import Redactor
+from autotune.stopping import StopRequest
 
 Outcome = Literal["ok", "infeasible", "fault"]
 PhaseCallback = Callable[[str, str], None]
 """Called as ``on_phase(phase, detail)`` with phase launching | launched | warming | measuring |
-teardown; for ``launched`` the detail is JSON ``{"pgid", "argv", "port"}`` so the driver can record
-the server before anything else happens (and kill it on resume if the driver died)."""
+teardown; for ``launched`` the detail is JSON ``{"pgid", "tag", "argv", "port"}`` so the driver can
+record the server before anything else happens (and kill it on resume if the driver died)."""
+
+DISK_FULL_TEXT = "No space left on device"
+
 
 POLL_S = 0.1
 TAIL_AFTER_ERROR_S = 1.0
@@ -62,6 +69,10 @@ class TrialResult:
     duration_s: float = 0.0
     server_info: dict[str, Any] | None = None
     violations: dict[str, float] = field(default_factory=dict)
+    secret_env: list[str] = field(default_factory=list)
+    secret_args: dict[int, str] = field(default_factory=dict)
+    """Which env keys and argv positions hold a ``${NAME}`` reference instead of a secret value
+    (a result never carries a secret: see :mod:`autotune.secrets`)."""
 
 
 class LogWatcher:
@@ -111,6 +122,9 @@ class TrialRunner:
         api: str | None = None,
         port: int | None = None,
         teardown_grace_s: float = 10.0,
+        stop: StopRequest | None = None,
+        secrets: tuple[str, ...] | list[str] = (),
+        public: tuple[str, ...] | list[str] = (),
     ) -> None:
         self.host = host
         self.preset = preset
@@ -124,6 +138,9 @@ class TrialRunner:
         self.api = api or objective.load.api or preset.api
         self.port = port
         self.teardown_grace_s = teardown_grace_s
+        self.stop = stop or StopRequest()
+        self.secrets = tuple(secrets)
+        self.public = tuple(public)
 
     def command(self, spec: TrialSpec, port: int | str) -> tuple[list[str], dict[str, str]]:
         """The argv and env (fixed env + the trial's) that launch this trial's server.
@@ -134,17 +151,28 @@ class TrialRunner:
         return argv, {**self.fixed_env, **spec.env}
 
     def run(self, spec: TrialSpec, on_phase: PhaseCallback | None = None) -> TrialResult:
-        """Launch, wait for ready, measure, tear down. Never raises for a server's failure."""
+        """Launch, wait for ready, measure, tear down. Never raises for a server's failure.
+
+        A stop request (a signal) ends the trial as ``fault``/``interrupted`` after teardown. A
+        host that cannot take a launch now (log folder unwritable, disk full) is a ``fault`` and
+        nothing is launched; a server that died while its log's disk was full is a ``disk-full``
+        fault, not the configuration's failure.
+        """
         phase_cb = on_phase or (lambda phase, detail: None)
         started = time.monotonic()
         port = self.port or self.host.free_port()
         log_path = self.log_dir / f"trial-{spec.number:04d}.log"
         argv, env = self.command(spec, port)
+        redactor = Redactor(env, argv, self.secrets, public=self.public, environ=os.environ)
         result = TrialResult(spec.number, "ok", argv=argv, env=env, host=self.host.name, port=port, log_path=str(log_path))
         result.argv_template = self.command(spec, "{port}")[0]  # type: ignore[arg-type]
+        shown = redactor.argv(argv)[0]
         proc: ServerProcess | None = None
         watcher = LogWatcher(log_path)
         try:
+            if self.stop.requested:
+                return self._interrupted(result, watcher)
+            self.host.check_launch(log_path)
             if self.preset.serverless:
                 result.argv, result.argv_template, result.port = [], [], 0
                 self._benchmark(spec, None, None, 0, result, phase_cb)
@@ -153,9 +181,9 @@ class TrialRunner:
             self.host.wait_port_free(port, timeout_s=5.0)
             if log_path.exists():
                 log_path.unlink()
-            phase_cb("launching", " ".join(argv[-6:]))
+            phase_cb("launching", " ".join(shown[-6:]))
             proc = self.host.launch(argv, env, log_path)
-            phase_cb("launched", json.dumps({"pgid": getattr(proc, "pgid", None), "argv": argv, "port": port}))
+            phase_cb("launched", json.dumps({"pgid": proc.pgid, "tag": proc.tag, "argv": shown, "port": port}))
             failure = self._wait_ready(proc, watcher, port, phase_cb)
             if failure is not None:
                 result.outcome = "fault" if failure.kind in FAULT_KINDS else "infeasible"
@@ -176,14 +204,40 @@ class TrialRunner:
         finally:
             if proc is not None:
                 phase_cb("teardown", "")
-                proc.stop(self.teardown_grace_s)
+                proc.stop(self.teardown_grace_s, hurry=lambda: self.stop.hurry)
                 watcher.read()
                 try:
                     self.host.wait_port_free(port)
                 except HostFault as fault:
                     # The trial's result stands; the next trial's launch reports the busy port.
                     result.failure = result.failure or Failure(fault.kind, str(fault), "")
+            if result.outcome == "infeasible":
+                self._blame_the_disk(result, watcher, log_path)
+            _redact(result, redactor, [log_path, self.log_dir / f"trial-{spec.number:04d}.bench.log"])
             result.duration_s = time.monotonic() - started
+
+    def _interrupted(self, result: TrialResult, watcher: LogWatcher) -> TrialResult:
+        """Mark ``result`` as stopped by a stop request: a fault, to be run again."""
+        result.outcome = "fault"
+        result.failure = Failure("interrupted", self.stop.reason or "stopped", excerpt(watcher.text))
+        return result
+
+    def _blame_the_disk(self, result: TrialResult, watcher: LogWatcher, log_path: Path) -> None:
+        """An infeasible trial whose log says the disk was full, or whose log folder is full now,
+        failed because of the host: turn it into a ``disk-full`` fault."""
+        reason = ""
+        if DISK_FULL_TEXT in watcher.text:
+            reason = f"the server's log reports '{DISK_FULL_TEXT}'"
+        else:
+            try:
+                self.host.check_launch(log_path)
+            except HostFault as fault:
+                if fault.kind == "disk-full":
+                    reason = str(fault)
+        if reason:
+            cause = result.failure.kind if result.failure else None
+            result.outcome = "fault"
+            result.failure = Failure("disk-full", f"disk full: {reason}", excerpt(watcher.text), cause=cause)
 
     # -- phases ---------------------------------------------------------------------------
     def _wait_ready(self, proc: ServerProcess, watcher: LogWatcher, port: int, phase_cb: PhaseCallback) -> Failure | None:
@@ -191,6 +245,8 @@ class TrialRunner:
         deadline = time.monotonic() + self.ready_timeout_s
         while True:
             watcher.read()
+            if self.stop.requested:
+                return Failure("interrupted", self.stop.reason or "stopped", excerpt(watcher.text))
             code = proc.poll()
             if code is not None:
                 watcher.read()
@@ -253,6 +309,8 @@ class TrialRunner:
 
         def should_stop() -> bool:
             nonlocal last_check, server_down
+            if self.stop.requested:
+                return True
             now = time.monotonic()
             if server_down or now - last_check < POLL_S:
                 return server_down
@@ -267,6 +325,9 @@ class TrialRunner:
         base_url = f"http://{self.host.address}:{port}"
         load_result = run_load_sync(base_url, workload, on_progress=on_progress, should_stop=should_stop)
         watcher.read()
+        if self.stop.requested:
+            self._interrupted(result, watcher)
+            return
         if server_down or proc.poll() is not None or find_error(watcher.text, self.preset.patterns) is not None:
             result.outcome = "infeasible"
             result.failure = self._failure_while_alive(proc, watcher, "measuring")
@@ -333,6 +394,9 @@ class TrialRunner:
         try:
             while proc.poll() is None:
                 watcher.read()
+                if self.stop.requested:
+                    self._interrupted(result, watcher)
+                    return
                 if server is not None and server_log is not None:
                     server_log.read()
                     if server.poll() is not None or find_error(server_log.text, self.preset.patterns) is not None:
@@ -346,7 +410,7 @@ class TrialRunner:
                     return
                 time.sleep(POLL_S)
         finally:
-            proc.stop(5.0)
+            proc.stop(5.0, hurry=lambda: self.stop.hurry)
         watcher.read()
         code = proc.poll()
         if code != 0:
@@ -381,6 +445,24 @@ class TrialRunner:
             except ValueError:
                 info[path] = _prometheus_subset(resp.text)
         return info or None
+
+
+def _redact(result: TrialResult, redactor: Redactor, logs: list[Path]) -> None:
+    """Replace every secret in ``result`` (env, argv, template, failure texts, server info) and in
+    the log files by its ``${NAME}`` reference, recording where (see :mod:`autotune.secrets`)."""
+    launch = redactor.launch(result.env, result.argv)
+    result.env, result.argv = launch.env, launch.argv
+    result.secret_env, result.secret_args = launch.secret_env, launch.secret_args
+    result.argv_template = redactor.argv(result.argv_template)[0]
+    if not redactor:
+        return
+    if result.failure is not None:
+        f = result.failure
+        result.failure = dataclasses.replace(f, message=redactor.text(f.message), excerpt=redactor.text(f.excerpt))
+    if result.server_info:
+        result.server_info = json.loads(redactor.text(json.dumps(result.server_info)))
+    for log in logs:
+        redactor.file(log)
 
 
 def _http_ok(url: str) -> bool:

@@ -32,25 +32,36 @@ from typing import Any, Literal, Union
 
 import optuna
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from autotune import _resources
 from autotune._yaml import load_yaml_mapping, one_line
 from autotune.errors import ConfigError
 
 UNSET = "unset"
+MAX_INT = 2**53  # int parameters travel through floats in the samplers
+MAX_FLOAT = 1e15  # far beyond any launch value; keeps high - low and the samplers' arithmetic finite
+MAX_GRID = 1e12  # values on a step grid (Optuna checks the grid with 28-digit decimals)
 ParamValue = Union[int, float, str, bool]
 
 
 class Companion(BaseModel):
     """A flag or env var applied together with a parameter when that parameter is set."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     flag: str | None = None
     env: str | None = None
     value: str | int | float | bool | None = None
     offset: int | None = Field(default=None, description="apply the parameter's value plus this")
+
+    @field_validator("value", mode="before")
+    @classmethod
+    def _scalar_value(cls, value: Any) -> Any:
+        problem = None if value is None else _not_scalar(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
     @model_validator(mode="after")
     def _one_target(self) -> Companion:
@@ -62,9 +73,15 @@ class Companion(BaseModel):
 
 
 class Parameter(BaseModel):
-    """One tunable parameter and how it is applied to a launch."""
+    """One tunable parameter and how it is applied to a launch.
 
-    model_config = ConfigDict(extra="forbid")
+    Contract (checked at load): numbers are finite (int bounds within +-2**53, float bounds
+    within +-1e15); a ``step`` divides ``high - low`` exactly (Optuna would otherwise silently
+    lower ``high``) into at most 10**12 values; ``default`` is a valid value; Optuna accepts the
+    distribution.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     type: Literal["int", "float", "categorical", "bool"]
     low: float | None = None
@@ -78,6 +95,24 @@ class Parameter(BaseModel):
     default: str | int | float | bool | None = None
     companions: list[Companion] = Field(default_factory=list)
     help: str | None = None
+
+    @field_validator("choices", mode="before")
+    @classmethod
+    def _scalar_choices(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                problem = _not_scalar(item)
+                if problem:
+                    raise ValueError(f"choice {i + 1} {problem}")
+        return value
+
+    @field_validator("default", mode="before")
+    @classmethod
+    def _scalar_default(cls, value: Any) -> Any:
+        problem = None if value is None else _not_scalar(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> Parameter:
@@ -98,15 +133,35 @@ class Parameter(BaseModel):
                 raise ValueError(f"inverted range: low ({_fmt(self.low)}) > high ({_fmt(self.high)})")
             if self.log and self.low <= 0:
                 raise ValueError("log scale needs low > 0")
-            if self.log and self.step not in (None, 1):
+            if self.log and self.step is not None and not (self.type == "int" and self.step == 1):
                 raise ValueError("'step' cannot be combined with log scale")
             if self.type == "int":
                 for name in ("low", "high", "step"):
                     value = getattr(self, name)
                     if value is not None and value != int(value):
                         raise ValueError(f"type int needs an integer '{name}', got {value}")
+            if self.type == "int" and max(abs(self.low), abs(self.high)) > MAX_INT:
+                raise ValueError(f"type int needs bounds within +-{MAX_INT} (2**53)")
+            if self.type == "float" and max(abs(self.low), abs(self.high)) > MAX_FLOAT:
+                raise ValueError(f"type float needs bounds within +-{MAX_FLOAT:g}")
             if self.step is not None and self.step <= 0:
                 raise ValueError("'step' must be > 0")
+            if self.type == "int" and self.step is not None and (int(self.high) - int(self.low)) % int(self.step):
+                k = (int(self.high) - int(self.low)) // int(self.step)
+                last = int(self.low) + k * int(self.step)
+                raise ValueError(f"step {_fmt(self.step)} does not divide the range [{_fmt(self.low)}, {_fmt(self.high)}]: "
+                                 f"the last value on the grid would be {last}; make high {last} or {last + int(self.step)}")
+            if self.step is not None and not self.log:
+                k = (self.high - self.low) / self.step
+                if k > MAX_GRID:
+                    raise ValueError(f"step {_fmt(self.step)} makes more than {MAX_GRID:g} values of [{_fmt(self.low)}, "
+                                     f"{_fmt(self.high)}]: use a larger step or log scale")
+                residual = abs((self.high - self.low) - round(k) * self.step)
+                if residual > 1e-9 * max(abs(self.low), abs(self.high), self.high - self.low, 1e-9):
+                    last = self.low + math.floor(k + 1e-9) * self.step
+                    raise ValueError(f"step {_fmt(self.step)} does not divide the range [{_fmt(self.low)}, "
+                                     f"{_fmt(self.high)}]: the last value on the grid would be {_fmt(round(last, 10))}; "
+                                     f"make high {_fmt(round(last, 10))} or {_fmt(round(last + self.step, 10))}")
         elif self.type == "categorical":
             if not self.choices:
                 raise ValueError("type categorical needs a non-empty 'choices' list")
@@ -119,6 +174,10 @@ class Parameter(BaseModel):
             problem = self.out_of_range(self.default)
             if problem:
                 raise ValueError(f"default {problem}")
+        try:  # what Optuna would reject at the first trial is rejected now
+            self.distribution()
+        except (ValueError, TypeError, ArithmeticError) as exc:
+            raise ValueError(f"Optuna rejects this parameter: {exc}") from None
         return self
 
     def distribution(self) -> optuna.distributions.BaseDistribution:
@@ -168,6 +227,7 @@ class Parameter(BaseModel):
         return value  # type: ignore[no-any-return]
 
 
+_PARAM_NAME = re.compile(r"[A-Za-z_][\w.-]*")
 _RULE = re.compile(r"^\s*([A-Za-z_][\w.-]*)\s*(<=|<|>=|>)\s*([A-Za-z_][\w.-]*)\s*$")
 
 
@@ -243,6 +303,10 @@ class SearchSpace:
         params = parsed.parameters
         if not params:
             raise ConfigError(f"search space {source}: parameters: at least one parameter is needed")
+        for pname in params:
+            if not _PARAM_NAME.fullmatch(pname):
+                raise ConfigError(f"search space {source}: parameters: name {pname!r} must be letters, digits, "
+                                  "'_', '.' or '-', starting with a letter or '_'")
         targets: dict[str, str] = {}
         for pname, p in params.items():
             key = p.env or p.flag or ""
@@ -329,6 +393,15 @@ class SearchSpace:
                 fixed[rule.lower] = lo_p.normalise(_step(lo_p, b, -1) if rule.strict else b)
         return fixed
 
+    def applied_names(self) -> list[str]:
+        """Every env var and flag this space sets (parameters and companions): these are tuning
+        knobs, never secrets."""
+        names = []
+        for p in self.parameters.values():
+            names += [n for n in (p.env, p.flag, p.flag_false) if n]
+            names += [n for c in p.companions for n in (c.env, c.flag) if n]
+        return names
+
     def to_launch(self, values: dict[str, ParamValue]) -> Launch:
         """The env vars and flags for one launch (rules repaired first)."""
         applied = {n: self.parameters[n].normalise(v) for n, v in self.repair(values).items()}
@@ -366,6 +439,15 @@ class SearchSpace:
 def load_space(name_or_path: str) -> SearchSpace:
     """Shorthand for :meth:`SearchSpace.load`."""
     return SearchSpace.load(name_or_path)
+
+
+def _not_scalar(value: Any) -> str | None:
+    """Why ``value`` cannot be a parameter value (text, a finite number or true/false), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value!r} is not a finite number"
+    if not isinstance(value, (str, int, float, bool)):
+        return f"{value!r} is not text, a number or true/false"
+    return None
 
 
 def _fmt(x: float) -> str:

@@ -10,6 +10,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import StudyNotFoundError
+from autotune.secrets import secret_args_from_attr
+from autotune.storage import has_studies, open_storage
 
 
 @dataclass
@@ -30,6 +32,10 @@ class TrialView:
     argv_template: list[str] = field(default_factory=list)
     port: int | None = None
     startup_s: float | None = None
+    secret_env: list[str] = field(default_factory=list)
+    """Env keys whose stored value is a secret's reference ``${KEY}`` (see :mod:`autotune.secrets`)."""
+    secret_args: dict[int, str] = field(default_factory=dict)
+    """``argv``/``argv_template`` index -> name of the secret referred to there."""
 
     @property
     def failure_kind(self) -> str | None:
@@ -53,19 +59,21 @@ class TrialView:
 def load_study(name: str, storage: str) -> optuna.Study:
     """Load a study by name.
 
+    Nothing is created: a SQLite file that does not exist holds no study.
+
     Raises:
         StudyNotFoundError: no study of that name in the storage (the message lists the ones
             that exist).
+        UsageError: the storage URL or file is invalid (see :mod:`autotune.storage`).
     """
-    try:
-        summaries = optuna.get_all_study_summaries(storage=storage, include_best_trial=False)
-    except Exception as exc:  # noqa: BLE001 - any storage error is the user's URL or file
-        raise StudyNotFoundError(f"cannot open storage {storage}: {str(exc).splitlines()[0]}") from None
-    names = [s.study_name for s in summaries]
+    if not has_studies(storage):  # a missing SQLite file is not created just to look in it
+        raise StudyNotFoundError(f"no study named '{name}' in {storage} (studies: none)")
+    rdb = open_storage(storage)
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage=rdb, include_best_trial=False)]
     if name not in names:
         known = ", ".join(names) if names else "none"
         raise StudyNotFoundError(f"no study named '{name}' in {storage} (studies: {known})")
-    return optuna.load_study(study_name=name, storage=storage)
+    return optuna.load_study(study_name=name, storage=rdb)
 
 
 def view(t: FrozenTrial) -> TrialView:
@@ -95,6 +103,8 @@ def view(t: FrozenTrial) -> TrialView:
         argv_template=list(ua.get("argv_template") or []),
         port=ua.get("port"),
         startup_s=ua.get("startup_s"),
+        secret_env=[str(k) for k in ua.get("secret_env") or []],
+        secret_args=secret_args_from_attr(ua.get("secret_args")),
     )
 
 
