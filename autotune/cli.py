@@ -156,6 +156,7 @@ def _run_study(cfg: StudyConfig, trials: int | None) -> None:
                 "served_model_name": cfg.target.model if cfg.target.engine == "transformers" else ""},
         fixed_env=cfg.target.env,
         ready_timeout_s=cfg.target.ready_timeout_s,
+        log_stall_s=cfg.target.log_stall_s,
         ready_path=cfg.target.ready_path,
         api=cfg.target.api,
         port=cfg.target.port,

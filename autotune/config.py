@@ -58,6 +58,9 @@ class TargetConfig(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     hosts: list[str] = Field(default_factory=lambda: ["local"], min_length=1)
     ready_timeout_s: float = Field(default=600.0, gt=0)
+    startup_timeout_factor: float = Field(default=3.0, ge=1)
+    startup_timeout_floor_s: float = Field(default=120.0, gt=0)
+    log_stall_s: float | None = Field(default=300.0, gt=0)
     ready_path: str | None = None
     api: Literal["openai", "sglang"] | None = None
     port: int | None = Field(default=None, ge=1024, le=65535)

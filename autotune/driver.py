@@ -130,6 +130,24 @@ def make_sampler(kind: str, seed: int | None) -> optuna.samplers.BaseSampler:
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True)
 
 
+def startup_timeout(startups: list[float], *, cap_s: float, factor: float, floor_s: float) -> tuple[float, str]:
+    """The ready timeout of the next trial, and how it was chosen.
+
+    A hang on an unseen host should cost minutes, not the whole ``cap_s``: once some trial
+    started, the next one gets ``factor`` times the slowest successful start-up, at least
+    ``floor_s``, at most ``cap_s``. With no start-up seen yet, ``cap_s``.
+    """
+    if not startups:
+        return cap_s, "the target's ready_timeout_s"
+    slowest = max(startups)
+    timeout = min(cap_s, max(floor_s, factor * slowest))
+    if timeout == cap_s:
+        return cap_s, "the target's ready_timeout_s"
+    if timeout == floor_s:
+        return timeout, "startup_timeout_floor_s"
+    return timeout, f"{factor:g} x the slowest successful start-up, {slowest:.1f}s"
+
+
 def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """Trials that count against the budget: measured or infeasible (not FAIL, not RUNNING)."""
     return [t for t in study.get_trials(deepcopy=False) if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
@@ -309,7 +327,13 @@ class Driver:
             launch = self.space.to_launch(params)
             is_baseline = bool(trial.user_attrs.get("baseline"))
             self.reporter.trial_started(trial.number, launch.applied, is_baseline)
-            spec = TrialSpec(trial.number, env=launch.env, args=launch.args)
+            target = self.config.target
+            timeout, why = startup_timeout(
+                [float(t.user_attrs["startup_s"]) for t in study.get_trials(deepcopy=False)
+                 if t.user_attrs.get("startup_s") is not None],
+                cap_s=target.ready_timeout_s, factor=target.startup_timeout_factor, floor_s=target.startup_timeout_floor_s)
+            spec = TrialSpec(trial.number, env=launch.env, args=launch.args, ready_timeout_s=timeout,
+                             ready_timeout_reason=why)
 
             def on_phase(phase: str, detail: str, trial: optuna.Trial = trial) -> None:
                 if phase == "launched":

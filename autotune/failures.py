@@ -57,6 +57,10 @@ COMMON_PATTERNS: tuple[Pattern, ...] = (
     _p("not-enough-memory", r"No available memory for the cache blocks"),
     _p("not-enough-memory", r"is less than desired GPU memory utilization"),
     _p("not-enough-memory", r"larger than the available KV cache memory"),
+    # vLLM on CPU: the KV cache (VLLM_CPU_KVCACHE_SPACE GiB, or --gpu-memory-utilization of RAM minus
+    # what the process holds) or the memory share asked for at start does not fit in free RAM.
+    _p("not-enough-memory", r"Available memory on node \d+ \(.*\) on kv cache allocation is less than requested memory for kv"),
+    _p("not-enough-memory", r"Available memory on node \d+ \(.*\) on startup is less than desired CPU memory utilization"),
     _p("nccl-error", r"No algorithm/protocol available for function"),
     _p("nccl-error", r"NCCL error"),
     _p("nccl-error", r"ncclInvalidUsage|ncclUnhandledCudaError|ncclSystemError|ncclInternalError"),

@@ -6,21 +6,44 @@ and latency with the definitions of ``sglang.bench_serving``:
 - duration: from the start of the measured run (after warm-up) to the end of its last request;
 - ``output_throughput`` = sum(output tokens) / duration, ``total_throughput`` =
   (input + output tokens) / duration, ``request_throughput`` = completed / duration;
-- ``ttft_ms``: time to the first non-empty chunk; ``e2e_latency_ms``: time to the end of the stream;
-- ``tpot_ms``: (latency - TTFT) / (output tokens - 1) per request with more than one output token;
-- ``itl_ms``: the gaps between consecutive non-empty chunks. For the SGLang API, which reports the
-  cumulative token count with every chunk, a gap that delivered ``k`` tokens counts as ``k`` gaps
-  of ``gap / k`` (as ``sglang.bench_serving`` does); for OpenAI each chunk gap counts once;
-- each latency as ``mean_X``, ``median_X`` and ``p99_X`` (milliseconds), over completed requests.
+- ``ttft_ms``: time to the first chunk that carries output text (``sglang.bench_serving``'s
+  "first chunk with content", for both APIs). A stream in which no chunk carried text (every
+  token decoded to nothing, as a random-weight model's tokens can) takes the time of its first
+  chunk that delivered tokens: OpenAI, its first chunk with a ``choices`` entry, which is
+  ``vllm bench serve``'s TTFT for every stream, text or not; SGLang, its first chunk whose
+  ``meta_info.completion_tokens`` grew. A stream that delivered neither has no TTFT
+  (``sglang.bench_serving`` records 0 there, which would pull the statistics down);
+- ``e2e_latency_ms``: time to the end of the stream;
+- ``tpot_ms``: (latency - TTFT) / (output tokens - 1) per request with more than one output token
+  and a TTFT;
+- ``itl_ms``: the gaps between consecutive chunks that carried text. For the SGLang API, which
+  reports the cumulative token count with every chunk, a gap that delivered ``k`` tokens counts as
+  ``k`` gaps of ``gap / k`` (as ``sglang.bench_serving`` does); for OpenAI each chunk gap counts
+  once. A request with fewer than two text chunks adds no gap;
+- each latency as ``mean_X``, ``median_X`` and ``p99_X`` (milliseconds), over completed requests
+  that have the quantity.
 
 Output tokens of a request are the server's count when it gives one (OpenAI ``usage`` with
-``stream_options.include_usage``; SGLang ``meta_info.completion_tokens``), else the number of
-non-empty chunks. Input tokens likewise (``prompt_tokens``), else the workload's ``input_len``.
+``stream_options.include_usage``, which is requested; SGLang ``meta_info.completion_tokens``),
+else the number of chunks that carried text. Input tokens likewise (``prompt_tokens``), else the
+workload's ``input_len``.
 
-A request fails (and counts in ``failed``, its error text in ``errors``) on a connection error,
-an HTTP status >= 400, an error event in the stream, a timeout, or a stream that ends without
-``data: [DONE]``. Failures never abort the run. Latency statistics are left out of the metrics
-when there is no data for them (no request completed), so that an SLO on them reads as broken.
+A request completes when the server answered HTTP 200 with at least one generation chunk (OpenAI:
+a chunk with a ``choices`` entry, ``vllm bench serve``'s rule; SGLang: any data event), whether or
+not any chunk carried text: chunks without text are normal (special tokens, a token that completes
+no character), and such a stream completes with the server's token count. Stricter than both
+tools, which accept whatever arrived before the connection closed, the stream must also be
+complete: ended by ``data: [DONE]``, or, from a server that sends no ``[DONE]`` (transformers
+serve), by chunks carrying ``finish_reason`` and ``usage``. A request fails
+(and counts in ``failed``, its error text in ``errors``) on a connection error, an HTTP status
+>= 400, an error event in the stream, a timeout, or an incomplete stream. Failures never abort the
+run. Latency statistics are left out of the metrics when there is no data for them (no request
+completed, or none delivered two tokens), so that an SLO on them reads as broken.
+
+Request fields that not every server accepts (``ignore_eos``, ``stream_options``) are sent until
+a server answers an HTTP error naming one (transformers serve: HTTP 422 ``Unexpected fields in
+the request: {'ignore_eos'}``); that request is sent again without the field, and so is every
+later one of the run.
 """
 
 from __future__ import annotations
@@ -49,6 +72,9 @@ _PROGRESS_EVERY_S = 0.1
 # vocabulary size.
 _TOKEN_ID_RANGE = (1000, 30000)
 _decode_json = json.JSONDecoder().decode  # on str: skips json.loads' encoding sniffing per chunk
+# Body fields of the OpenAI API that some servers refuse: ``ignore_eos`` is not an OpenAI field
+# (transformers serve answers HTTP 422), ``stream_options`` is newer than some servers.
+_OPTIONAL_FIELDS = ("ignore_eos", "stream_options")
 
 
 class LoadError(RuntimeError):
@@ -213,13 +239,14 @@ async def _first_model(session: aiohttp.ClientSession, base: str, timeout_s: flo
 
 
 class _Record:
-    """One request's outcome. Times are ``perf_counter`` seconds."""
+    """One request's outcome. Times are ``perf_counter`` seconds; ``ttft`` is None for a completed
+    stream that delivered no token chunk (see the module docstring)."""
 
     __slots__ = ("error", "ttft", "latency", "end", "output_tokens", "prompt_tokens", "gaps", "gap_tokens")
 
     def __init__(self) -> None:
         self.error: str | None = None
-        self.ttft = 0.0
+        self.ttft: float | None = None
         self.latency = 0.0
         self.end = 0.0
         self.output_tokens = 0
@@ -241,9 +268,8 @@ class _Client:
         self.model = model
         self.url = base + ("/generate" if workload.api == "sglang" else "/v1/completions")
         self.refused = False  # set once the server refused a connection: it is gone
-        # ignore_eos is not an OpenAI field; some servers (transformers serve: HTTP 422) refuse it.
-        # It is sent until refused once, then left out.
-        self.send_ignore_eos = True
+        # _OPTIONAL_FIELDS a server refused once (an HTTP error naming the field): left out since.
+        self.dropped: set[str] = set()
 
     def payload(self, namespace: int, index: int) -> dict[str, Any]:
         w = self.workload
@@ -265,8 +291,9 @@ class _Client:
         }
         if self.model is not None:
             body["model"] = self.model
-        if self.send_ignore_eos:
-            body["ignore_eos"] = True
+        body["ignore_eos"] = True
+        for name in self.dropped:
+            body.pop(name, None)
         return body
 
     async def send(self, body: dict[str, Any]) -> _Record:
@@ -279,8 +306,10 @@ class _Client:
                     rec.error = _one_line(f"HTTP {resp.status}: {text or resp.reason}")
                 else:
                     await self._read(resp, rec, start)
-            if rec.error is not None and "ignore_eos" in rec.error and body.pop("ignore_eos", None) is not None:
-                self.send_ignore_eos = False
+            refused = self._refused_field(rec.error, body)
+            if refused is not None:
+                self.dropped.add(refused)
+                del body[refused]
                 return await self.send(body)
         except asyncio.TimeoutError:
             rec.error = f"TimeoutError: no complete response within {self.workload.request_timeout_s:g} s"
@@ -295,16 +324,31 @@ class _Client:
             rec.prompt_tokens = rec.prompt_tokens or self.workload.input_len
         return rec
 
+    def _refused_field(self, error: str | None, body: dict[str, Any]) -> str | None:
+        """The optional field of ``body`` that an HTTP error names, if any (OpenAI API only)."""
+        if error is None or not error.startswith("HTTP ") or self.workload.api != "openai":
+            return None
+        return next((name for name in _OPTIONAL_FIELDS if name in body and name in error), None)
+
     async def _read(self, resp: aiohttp.ClientResponse, rec: _Record, start: float) -> None:
+        """Read one stream into ``rec`` by the rules of the module docstring.
+
+        Raises:
+            _StreamError: an error event, or an incomplete stream.
+            ValueError: a data line that is not JSON.
+        """
         sglang = self.workload.api == "sglang"
         gap_tokens: list[int] = []
         if sglang:
             rec.gap_tokens = gap_tokens
-        first = last = 0.0
-        chunks = 0
-        server_tokens = 0  # cumulative tokens (SGLang) or usage.completion_tokens (OpenAI); 0 = unknown
-        text_len = 0
-        done = False
+        first = last = 0.0  # times of the first and the latest chunk that carried text
+        first_token = 0.0  # time of the first chunk that delivered tokens, text or not
+        text_chunks = 0  # chunks that carried (new) text
+        server_tokens = 0  # usage.completion_tokens (OpenAI) or meta_info.completion_tokens (SGLang); 0 = unknown
+        seen = 0  # SGLang: tokens delivered so far (the server's count, else one per text chunk)
+        counted = 0  # SGLang: tokens delivered up to the latest text chunk
+        text_len = 0  # SGLang: length of the cumulative text
+        generated = done = False
         finish_seen = usage_seen = False  # a last chunk with both ends a stream that sends no [DONE]
         pending = b""
         async for data in resp.content.iter_any():
@@ -324,23 +368,31 @@ class _Client:
                 if "error" in obj or obj.get("object") == "error":
                     raise _StreamError(f"StreamError: {obj.get('error') or obj.get('message')}")
                 if sglang:
+                    generated = True
                     text = obj.get("text") or ""
                     meta = obj.get("meta_info") or {}
-                    tokens = meta.get("completion_tokens")
                     rec.prompt_tokens = meta.get("prompt_tokens") or rec.prompt_tokens
-                    if tokens is not None:
-                        new = tokens - server_tokens
-                        server_tokens = tokens
-                    else:
-                        new = 1 if len(text) > text_len else 0
+                    grew = len(text) > text_len
                     text_len = len(text)
+                    text_chunks += int(grew)
+                    tokens = meta.get("completion_tokens")
+                    new = (tokens - seen) if isinstance(tokens, int) else int(grew)
+                    if isinstance(tokens, int):
+                        server_tokens = tokens
                     if new <= 0:
                         continue
-                    if chunks:
+                    seen += new
+                    if not first_token:
+                        first_token = now
+                    if not text:  # nothing decoded to text yet
+                        continue
+                    if first:
                         rec.gaps.append(now - last)
-                        gap_tokens.append(new)
+                        gap_tokens.append(seen - counted)
                     else:
                         first = now
+                    counted = seen
+                    last = now
                 else:
                     usage = obj.get("usage")
                     if usage:
@@ -348,24 +400,30 @@ class _Client:
                         server_tokens = usage.get("completion_tokens") or server_tokens
                         rec.prompt_tokens = usage.get("prompt_tokens") or rec.prompt_tokens
                     choices = obj.get("choices")
-                    if choices and choices[0].get("finish_reason"):
-                        finish_seen = True
-                    if not choices or not choices[0].get("text"):
+                    if not choices:
                         continue
-                    if chunks:
+                    generated = True
+                    if not first_token:
+                        first_token = now
+                    if choices[0].get("finish_reason"):
+                        finish_seen = True
+                    if not choices[0].get("text"):
+                        continue
+                    text_chunks += 1
+                    if first:
                         rec.gaps.append(now - last)
                     else:
                         first = now
-                chunks += 1
-                last = now
+                    last = now
         if not done and not (finish_seen and usage_seen):
             raise _StreamError("IncompleteStream: stream ended without data: [DONE]")
-        if not chunks:
-            raise _StreamError("EmptyStream: no output tokens before data: [DONE]")
+        if not generated:
+            raise _StreamError("EmptyStream: no generation chunk before the end of the stream")
         end = time.perf_counter()
-        rec.ttft = first - start
+        ttft_at = first or first_token
+        rec.ttft = ttft_at - start if ttft_at else None
         rec.latency = end - start
-        rec.output_tokens = server_tokens or chunks
+        rec.output_tokens = server_tokens or text_chunks
 
 
 class _Stop:
@@ -516,8 +574,9 @@ def _summarize(workload: Workload, outcome: _RunOutcome, errors: list[str]) -> L
         "output_throughput": output_tokens * per_s,
         "total_throughput": (input_tokens + output_tokens) * per_s,
     }
-    _stats("ttft", np.array([r.ttft for r in ok]), metrics)
-    _stats("tpot", np.array([(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]), metrics)
+    _stats("ttft", np.array([r.ttft for r in ok if r.ttft is not None]), metrics)
+    _stats("tpot", np.array([(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok
+                             if r.output_tokens > 1 and r.ttft is not None]), metrics)
     itl: list[np.ndarray] = []
     for r in ok:
         if r.gap_tokens is None:

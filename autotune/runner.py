@@ -16,12 +16,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Sequence
 
 import requests
 
 from autotune.engines import EnginePreset
-from autotune.failures import FAULT_KINDS, Failure, classify, excerpt, find_error
+from autotune.failures import COMMON_PATTERNS, FAULT_KINDS, Failure, Pattern, classify, excerpt, find_error
 from autotune.hosts import Host, HostFault, ServerProcess
 from autotune.loadgen import Workload, run_load_sync
 from autotune.objective import Objective
@@ -44,11 +44,17 @@ TAIL_AFTER_ERROR_S = 1.0
 
 @dataclass(frozen=True)
 class TrialSpec:
-    """What to launch for one trial: the flags and env of the search space on top of the target."""
+    """What to launch for one trial: the flags and env of the search space on top of the target.
+
+    ``ready_timeout_s``, when set, replaces the runner's ready timeout for this trial (the driver
+    shortens it from the start-ups it has seen); ``ready_timeout_reason`` says how it was chosen.
+    """
 
     number: int
     env: dict[str, str]
     args: list[str]
+    ready_timeout_s: float | None = None
+    ready_timeout_reason: str = ""
 
 
 @dataclass
@@ -76,13 +82,23 @@ class TrialResult:
 
 
 class LogWatcher:
-    """Reads a growing log file incrementally and remembers all of it (up to ``limit`` bytes)."""
+    """Reads a growing log file incrementally: each :meth:`read` costs only what was appended.
 
-    def __init__(self, path: Path, limit: int = 8 * 1024 * 1024) -> None:
+    It keeps the last ``limit`` bytes of text (:attr:`text`, joined only when asked for) and,
+    as lines arrive, the highest-priority failure pattern seen so far (:attr:`error`), so a
+    server that writes megabytes of log costs the poll loop nothing more than reading them.
+    """
+
+    def __init__(self, path: Path, patterns: Sequence[Pattern] = COMMON_PATTERNS, limit: int = 8 * 1024 * 1024) -> None:
         self.path = path
+        self.patterns = tuple(patterns)
         self._offset = 0
         self._limit = limit
-        self.text = ""
+        self._chunks: list[str] = []
+        self._size = 0
+        self._joined: str | None = ""
+        self._pending = ""  # the last line, not yet ended by a newline
+        self._best: tuple[int, str, str] | None = None  # (priority, kind, line)
 
     def read(self) -> str:
         """Read what was appended since the last call; returns the new text."""
@@ -92,10 +108,51 @@ class LogWatcher:
                 data = f.read()
         except FileNotFoundError:
             return ""
+        if not data:
+            return ""
         self._offset += len(data)
         new = data.decode("utf-8", errors="replace")
-        self.text = (self.text + new)[-self._limit :]
+        self._chunks.append(new)
+        self._size += len(new)
+        self._joined = None
+        if self._size > 2 * self._limit:
+            self._chunks = [self.text]
+            self._size = len(self._chunks[0])
+        lines = (self._pending + new).split("\n")
+        self._pending = lines.pop()
+        self._scan(lines)
         return new
+
+    def _scan(self, lines: Sequence[str]) -> tuple[int, str, str] | None:
+        """The best match in ``lines`` better than the one kept (lower priority index wins)."""
+        found = None
+        for line in lines:
+            stop = self._best[0] if self._best is not None else len(self.patterns)
+            for prio in range(stop):
+                if self.patterns[prio].regex.search(line):
+                    found = self._best = (prio, self.patterns[prio].kind, line.strip())
+                    break
+        return found
+
+    @property
+    def text(self) -> str:
+        """The log read so far (its last ``limit`` characters)."""
+        if self._joined is None:
+            self._joined = "".join(self._chunks)[-self._limit :]
+        return self._joined
+
+    @property
+    def error(self) -> tuple[str, str] | None:
+        """``(kind, line)`` of the highest-priority failure pattern in the log so far, or None
+        (the same choice as :func:`~autotune.failures.find_error` over the whole text)."""
+        best = self._best
+        if self._pending:
+            stop = best[0] if best is not None else len(self.patterns)
+            for prio in range(stop):
+                if self.patterns[prio].regex.search(self._pending):
+                    best = (prio, self.patterns[prio].kind, self._pending.strip())
+                    break
+        return None if best is None else (best[1], best[2])
 
 
 class TrialRunner:
@@ -118,6 +175,7 @@ class TrialRunner:
         fields: dict[str, str] | None = None,
         fixed_env: dict[str, str] | None = None,
         ready_timeout_s: float = 600.0,
+        log_stall_s: float | None = None,
         ready_path: str | None = None,
         api: str | None = None,
         port: int | None = None,
@@ -134,6 +192,7 @@ class TrialRunner:
         self.fields = fields or {}
         self.fixed_env = fixed_env or {}
         self.ready_timeout_s = ready_timeout_s
+        self.log_stall_s = log_stall_s
         self.ready_path = ready_path or preset.ready_path
         self.api = api or objective.load.api or preset.api
         self.port = port
@@ -168,7 +227,7 @@ class TrialRunner:
         result.argv_template = self.command(spec, "{port}")[0]  # type: ignore[arg-type]
         shown = redactor.argv(argv)[0]
         proc: ServerProcess | None = None
-        watcher = LogWatcher(log_path)
+        watcher = LogWatcher(log_path, self.preset.patterns)
         try:
             if self.stop.requested:
                 return self._interrupted(result, watcher)
@@ -184,7 +243,7 @@ class TrialRunner:
             phase_cb("launching", " ".join(shown[-6:]))
             proc = self.host.launch(argv, env, log_path)
             phase_cb("launched", json.dumps({"pgid": proc.pgid, "tag": proc.tag, "argv": shown, "port": port}))
-            failure = self._wait_ready(proc, watcher, port, phase_cb)
+            failure = self._wait_ready(proc, watcher, port, phase_cb, spec)
             if failure is not None:
                 result.outcome = "fault" if failure.kind in FAULT_KINDS else "infeasible"
                 result.failure = failure
@@ -240,18 +299,26 @@ class TrialRunner:
             result.failure = Failure("disk-full", f"disk full: {reason}", excerpt(watcher.text), cause=cause)
 
     # -- phases ---------------------------------------------------------------------------
-    def _wait_ready(self, proc: ServerProcess, watcher: LogWatcher, port: int, phase_cb: PhaseCallback) -> Failure | None:
+    def _wait_ready(self, proc: ServerProcess, watcher: LogWatcher, port: int, phase_cb: PhaseCallback,
+                    spec: TrialSpec) -> Failure | None:
+        """Poll readiness while tailing the log. Not ready within the trial's ready timeout, or
+        with a log that has not grown for ``log_stall_s``: ``startup-timeout`` with the reason."""
         url = f"http://{self.host.address}:{port}{self.ready_path}"
-        deadline = time.monotonic() + self.ready_timeout_s
+        timeout = spec.ready_timeout_s or self.ready_timeout_s
+        why = spec.ready_timeout_reason if spec.ready_timeout_s else "the target's ready_timeout_s"
+        started = time.monotonic()
+        deadline = started + timeout
+        grew = started
         while True:
-            watcher.read()
+            if watcher.read():
+                grew = time.monotonic()
             if self.stop.requested:
                 return Failure("interrupted", self.stop.reason or "stopped", excerpt(watcher.text))
             code = proc.poll()
             if code is not None:
                 watcher.read()
                 return classify(watcher.text, phase="launching", exit_code=code, patterns=self.preset.patterns)
-            if find_error(watcher.text, self.preset.patterns) is not None:
+            if watcher.error is not None:
                 return self._failure_while_alive(proc, watcher, "launching")
             if _http_ok(url):
                 if not self.preset.ready_probe:
@@ -260,13 +327,21 @@ class TrialRunner:
                 if status == 200:
                     return None
                 watcher.read()
-                if find_error(watcher.text, self.preset.patterns) is not None or proc.poll() is not None:
+                if watcher.error is not None or proc.poll() is not None:
                     return self._failure_while_alive(proc, watcher, "launching")
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 watcher.read()
                 return Failure(
                     "startup-timeout",
-                    f"not ready after {self.ready_timeout_s:g}s ({url} never answered 200)",
+                    f"not ready after {timeout:.4g}s ({why}; {url} never answered 200)",
+                    excerpt(watcher.text),
+                )
+            if self.log_stall_s is not None and now - grew > self.log_stall_s:
+                return Failure(
+                    "startup-timeout",
+                    f"not ready and its log has not grown for {self.log_stall_s:g}s (log_stall_s; "
+                    f"{now - started:.0f}s after launch)",
                     excerpt(watcher.text),
                 )
             time.sleep(POLL_S)
@@ -316,7 +391,7 @@ class TrialRunner:
                 return server_down
             last_check = now
             watcher.read()
-            server_down = proc.poll() is not None or find_error(watcher.text, self.preset.patterns) is not None
+            server_down = proc.poll() is not None or watcher.error is not None
             return server_down
 
         def on_progress(done: int, total: int) -> None:
@@ -328,7 +403,7 @@ class TrialRunner:
         if self.stop.requested:
             self._interrupted(result, watcher)
             return
-        if server_down or proc.poll() is not None or find_error(watcher.text, self.preset.patterns) is not None:
+        if server_down or proc.poll() is not None or watcher.error is not None:
             result.outcome = "infeasible"
             result.failure = self._failure_while_alive(proc, watcher, "measuring")
             result.metrics = dict(load_result.metrics)
@@ -389,7 +464,7 @@ class TrialRunner:
             result.argv, result.env = argv, env
         phase_cb("measuring", f"benchmark {Path(argv[0]).name}")
         proc = self.host.launch(argv, env, bench_log)
-        watcher = LogWatcher(bench_log)
+        watcher = LogWatcher(bench_log, self.preset.patterns)
         deadline = time.monotonic() + bench.timeout_s
         try:
             while proc.poll() is None:
@@ -399,7 +474,7 @@ class TrialRunner:
                     return
                 if server is not None and server_log is not None:
                     server_log.read()
-                    if server.poll() is not None or find_error(server_log.text, self.preset.patterns) is not None:
+                    if server.poll() is not None or server_log.error is not None:
                         result.outcome = "infeasible"
                         result.failure = self._failure_while_alive(server, server_log, "measuring")
                         return

@@ -17,8 +17,20 @@ one every ``chunk_tokens * --token-delay`` seconds, on a fixed schedule (no drif
 text is ``" tok"``. A request whose prompt does not have the expected shape is answered with 400.
 
 Failure injection: ``--fail-every K`` answers every K-th generation request with HTTP 500;
-``--truncate-every K`` ends every K-th stream without ``[DONE]``; ``--exit-after K`` kills the
-process (``os._exit``) ``--exit-delay`` seconds after the K-th generation request arrived.
+``--truncate-every K`` ends every K-th stream without ``[DONE]`` (and without a usage chunk);
+``--error-every K`` sends, after the first chunk of every K-th stream, an error event
+``data: {"error": {...}}`` and then ``data: [DONE]`` with HTTP 200 (as vLLM ends a stream that failed
+mid-way); ``--exit-after K`` kills the process (``os._exit``) ``--exit-delay`` seconds after the K-th
+generation request arrived.
+
+Server behaviours that are not failures: ``--empty-every K`` makes every K-th stream carry only
+chunks with empty text (a random-weight model's tokens can decode to nothing) while its token
+counts stay right (the usage chunk, SGLang's ``meta_info.completion_tokens``) and it still ends
+with ``[DONE]``; ``--no-done`` never sends ``[DONE]`` (the stream ends after the last chunk, which
+carries ``finish_reason``, and the usage chunk, as transformers serve does); ``--reject-field NAME``
+(repeatable, OpenAI API) answers a request whose body holds the field NAME with HTTP 422
+``Unexpected fields in the request: {'NAME'}`` (transformers serve's answer to ``ignore_eos``), and
+then no longer requires ``ignore_eos``.
 """
 
 from __future__ import annotations
@@ -63,6 +75,8 @@ async def _stream(request: web.Request, n_tokens: int, prompt_tokens: int, api: 
     if args.fail_every and number % args.fail_every == 0:
         return web.Response(status=500, text="injected failure")
     truncate = bool(args.truncate_every and number % args.truncate_every == 0)
+    empty = bool(args.empty_every and number % args.empty_every == 0)
+    error = bool(args.error_every and number % args.error_every == 0)
 
     state.in_flight += 1
     state.max_in_flight = max(state.max_in_flight, state.in_flight)
@@ -83,19 +97,25 @@ async def _stream(request: web.Request, n_tokens: int, prompt_tokens: int, api: 
             k += 1
             if api == "openai":
                 finish = "length" if sent == n_tokens else None
+                text = "" if empty else TOKEN_TEXT * step
                 chunk = {"id": "cmpl-1", "object": "text_completion", "model": args.model,
-                         "choices": [{"index": 0, "text": TOKEN_TEXT * step, "finish_reason": finish}]}
+                         "choices": [{"index": 0, "text": text, "finish_reason": finish}]}
             else:
-                chunk = {"text": TOKEN_TEXT * sent,
+                chunk = {"text": "" if empty else TOKEN_TEXT * sent,
                          "meta_info": {"prompt_tokens": prompt_tokens, "completion_tokens": sent}}
             await resp.write(_sse(chunk))
+            if error:
+                await resp.write(_sse({"error": {"message": "injected error event", "type": "InternalServerError",
+                                                 "param": None, "code": 500}}))
+                break
         if truncate:
             return resp
-        if api == "openai" and request["include_usage"] and not args.no_usage:
+        if api == "openai" and request["include_usage"] and not args.no_usage and not error:
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n_tokens,
                      "total_tokens": prompt_tokens + n_tokens}
             await resp.write(_sse({"id": "cmpl-1", "object": "text_completion", "choices": [], "usage": usage}))
-        await resp.write(b"data: [DONE]\n\n")
+        if not args.no_done:
+            await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
     finally:
@@ -108,8 +128,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
     state.requests += 1
     if body.get("model") != state.args.model:
         return web.json_response({"error": f"model {body.get('model')!r} not found"}, status=404)
+    rejected = {name for name in state.args.reject_field if name in body}
+    if rejected:
+        return web.json_response({"error": f"Unexpected fields in the request: {rejected}"}, status=422)
     prompt = body.get("prompt")
-    if not isinstance(prompt, str) or not body.get("stream") or body.get("ignore_eos") is not True:
+    needs_ignore_eos = "ignore_eos" not in state.args.reject_field
+    if not isinstance(prompt, str) or not body.get("stream") or (needs_ignore_eos and body.get("ignore_eos") is not True):
         return web.json_response({"error": "expected a text prompt, stream and ignore_eos"}, status=400)
     n = int(body["max_tokens"])
     words = len(prompt.split())
@@ -171,6 +195,11 @@ def main() -> None:
     p.add_argument("--no-usage", action="store_true", help="never send a usage chunk")
     p.add_argument("--fail-every", type=int, default=0)
     p.add_argument("--truncate-every", type=int, default=0)
+    p.add_argument("--error-every", type=int, default=0, help="an error event in every K-th stream")
+    p.add_argument("--empty-every", type=int, default=0, help="every K-th stream's chunks carry no text")
+    p.add_argument("--no-done", action="store_true", help="never send data: [DONE]")
+    p.add_argument("--reject-field", action="append", default=[], metavar="NAME",
+                   help="answer 422 to an OpenAI request whose body holds this field")
     p.add_argument("--exit-after", type=int, default=0)
     p.add_argument("--exit-delay", type=float, default=0.1)
     args = p.parse_args()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 import json
+import math
 from pathlib import Path
 import subprocess
 import sys
@@ -142,6 +143,95 @@ def test_http_errors_and_truncated_streams_are_failures(start_server: StartServe
     assert len(result.errors) == 1 and "without data: [DONE]" in result.errors[0]
 
 
+def _finite_latencies(metrics: dict[str, float]) -> dict[str, float]:
+    """The latency statistics of ``metrics``, each checked to be a finite number >= 0."""
+    latencies = {k: v for k, v in metrics.items() if k.endswith("_ms")}
+    assert all(math.isfinite(v) and v >= 0 for v in latencies.values()), latencies
+    return latencies
+
+
+@pytest.mark.parametrize("api", ["openai", "sglang"])
+def test_streams_without_text_complete_with_the_servers_token_count(start_server: StartServer, api: Api) -> None:
+    """Every 4th stream carries only empty-text chunks (a random model's tokens can decode to
+    nothing) but a right usage / meta_info count and [DONE]: it is a completed request, as in
+    vllm bench serve and sglang.bench_serving, and its tokens count."""
+    url = start_server("--empty-every", "4")
+    w = Workload(api=api, num_prompts=16, concurrency=4, input_len=16, output_len=10, warmup_prompts=0)
+    result = run_load_sync(url, w)
+    assert (result.completed, result.failed, result.errors) == (16, 0, [])
+    assert result.metrics["output_tokens"] == 16 * 10
+    assert result.metrics["input_tokens"] == 16 * 16
+    latencies = _finite_latencies(result.metrics)
+    for name in ("ttft", "tpot", "itl", "e2e_latency"):
+        assert {f"mean_{name}_ms", f"median_{name}_ms", f"p99_{name}_ms"} <= set(latencies)
+
+
+def test_streams_without_text_or_usage_complete_with_zero_tokens(start_server: StartServer) -> None:
+    """No usage chunk: output tokens are the chunks that carried text, so an empty stream
+    completes with 0 tokens, and the zero-token requests leave TPOT/ITL statistics intact."""
+    url = start_server("--empty-every", "4", "--no-usage")
+    w = Workload(num_prompts=16, concurrency=4, input_len=16, output_len=10, warmup_prompts=0)
+    result = run_load_sync(url, w)
+    assert (result.completed, result.failed) == (16, 0)
+    assert result.metrics["output_tokens"] == 12 * 10
+    assert "mean_tpot_ms" in _finite_latencies(result.metrics)
+
+    url = start_server("--empty-every", "1", "--no-usage")
+    result = run_load_sync(url, Workload(num_prompts=8, concurrency=4, output_len=10, warmup_prompts=0))
+    assert (result.completed, result.failed) == (8, 0)
+    assert result.metrics["output_tokens"] == 0 and result.metrics["output_throughput"] == 0
+    latencies = _finite_latencies(result.metrics)
+    # TTFT of a stream without text: its first chunk with a choice (vllm bench serve's TTFT);
+    # no request delivered two tokens, so there is no TPOT and no ITL (absent, not NaN or 0).
+    assert "median_ttft_ms" in latencies and "median_e2e_latency_ms" in latencies
+    assert not any(k.endswith(("_tpot_ms", "_itl_ms")) for k in latencies)
+
+
+@pytest.mark.parametrize("api", ["openai", "sglang"])
+def test_an_empty_stream_without_done_is_still_a_failure(start_server: StartServer, api: Api) -> None:
+    url = start_server("--empty-every", "1", "--truncate-every", "2")
+    result = run_load_sync(url, Workload(api=api, num_prompts=8, concurrency=4, output_len=6, warmup_prompts=0))
+    assert (result.completed, result.failed) == (4, 4)
+    assert len(result.errors) == 1 and result.errors[0].startswith("IncompleteStream:")
+    assert result.metrics["output_tokens"] == 4 * 6
+
+
+@pytest.mark.parametrize(("api", "empty"), [("openai", "0"), ("openai", "1"), ("sglang", "1")])
+def test_an_error_event_is_a_failure(start_server: StartServer, api: Api, empty: str) -> None:
+    """A stream that carries an error event fails, though it ends with [DONE] and HTTP 200."""
+    url = start_server("--error-every", "2", "--empty-every", empty)
+    result = run_load_sync(url, Workload(api=api, num_prompts=8, concurrency=4, output_len=6, warmup_prompts=0))
+    assert (result.completed, result.failed) == (4, 4)
+    assert len(result.errors) == 1 and result.errors[0].startswith("StreamError:")
+    assert "injected error event" in result.errors[0]
+
+
+def test_a_stream_ended_by_finish_and_usage_completes_without_done(start_server: StartServer) -> None:
+    """transformers serve sends no [DONE]: a last chunk with finish_reason and a usage chunk end
+    the stream, also when its chunks carried no text; without the usage it is incomplete."""
+    url = start_server("--no-done", "--empty-every", "2")
+    result = run_load_sync(url, Workload(num_prompts=8, concurrency=4, output_len=6, warmup_prompts=0))
+    assert (result.completed, result.failed, result.errors) == (8, 0, [])
+    assert result.metrics["output_tokens"] == 8 * 6
+
+    url = start_server("--no-done", "--no-usage")
+    result = run_load_sync(url, Workload(num_prompts=4, concurrency=4, output_len=6, warmup_prompts=0))
+    assert (result.completed, result.failed) == (0, 4)
+    assert result.errors[0].startswith("IncompleteStream:")
+
+
+@pytest.mark.parametrize("field", ["ignore_eos", "stream_options"])
+def test_a_refused_optional_field_is_left_out(start_server: StartServer, field: str) -> None:
+    """A server answering HTTP 422 to a field outside its schema: the request is sent again
+    without it, and so are the later ones; without stream_options, tokens come from the chunks."""
+    url = start_server("--reject-field", field)
+    result = run_load_sync(url, Workload(num_prompts=8, concurrency=1, output_len=6, warmup_prompts=0))
+    stats = _get(url + "/stats")
+    assert (result.completed, result.failed, result.errors) == (8, 0, [])
+    assert result.metrics["output_tokens"] == 8 * 6
+    assert stats["requests"] == 8 + 1  # one refused request, then none
+
+
 @pytest.mark.parametrize("rate", [None, 20.0])
 def test_server_exit_mid_run_ends_promptly(start_server: StartServer, rate: float | None) -> None:
     url = start_server("--exit-after", "10", "--exit-delay", "0.1")
@@ -210,6 +300,7 @@ def test_prompts_are_deterministic_and_sized() -> None:
     body = client.payload(0, 3)
     assert body == client.payload(0, 3) and body != client.payload(0, 4)
     assert len(body["prompt"].split()) == 100 and body["max_tokens"] == 7 and body["ignore_eos"] is True
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
     other = _Client(None, "http://x", Workload(input_len=100, seed=1), "m")  # type: ignore[arg-type]
     assert other.payload(0, 3)["prompt"] != body["prompt"]
     sg = _Client(None, "http://x", Workload(api="sglang", input_len=100), None)  # type: ignore[arg-type]

@@ -54,14 +54,18 @@ def _autotune(*args: str, cwd: Path, timeout: float = 240) -> subprocess.Complet
 def _write_study(tmp: Path, name: str, *, trials: int = 1, env: dict[str, str] | None = None,
                  load: dict[str, Any] | None = None, storage: str | None = None,
                  extra: dict[str, Any] | None = None, flags: str = "") -> Path:
-    (tmp / "launcher.py").write_text(LAUNCHER)
+    # Run through its #! line, as the `vllm` and `sglang` console scripts are: the kernel rewrites
+    # /proc/PID/cmdline to "python launcher.py ...", which is not the argv autotune launched.
+    launcher = tmp / "launcher.py"
+    launcher.write_text(f"#!{sys.executable}\n{LAUNCHER}")
+    launcher.chmod(0o755)
     space = tmp / "space.yaml"
     space.write_text(yaml.safe_dump({"name": "rel", "parameters": {"mem_fraction_static": MFS, "NCCL_MIN_NCHANNELS": MIN_CH}}))
     cfg = tmp / f"{name}.yaml"
     cfg.write_text(yaml.safe_dump({
         "name": name,
         "target": {"engine": "custom", "api": "sglang", "ready_timeout_s": 60,
-                   "command": f"{{python}} {tmp}/launcher.py --scenario {SCENARIO} --host {{host}} --port {{port}}"
+                   "command": f"{tmp}/launcher.py --scenario {SCENARIO} --host {{host}} --port {{port}}"
                               f" --max-running-requests 128{flags}",
                    "env": {"NCCL_IB_DISABLE": "1", **(env or {})}},
         "space": str(space),
@@ -229,13 +233,18 @@ def test_two_drivers_started_at_once_on_a_new_storage(tmp_path: Path) -> None:
 
 
 def test_a_killed_driver_s_servers_are_killed_on_resume_even_outside_its_group(tmp_path: Path) -> None:
+    """The server was started through a #! script (its cmdline rewritten by the kernel) and has a
+    child in a session of its own: resume finds both by their launch tag."""
     cfg = _write_study(tmp_path, "killed", trials=2, load=LONG)
     driver = _start(cfg, tmp_path)
     trial = _wait_for_server(tmp_path, "killed", driver)
     tag = trial.user_attrs["server_tag"]
     driver.send_signal(signal.SIGKILL)
     driver.wait(10)
-    assert tagged_pids(tag)  # the orphaned server and its child are still there...
+    pids = tagged_pids(tag)
+    assert pids  # the orphaned server and its child are still there...
+    cmdlines = [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2] for pid in pids]
+    assert [sys.executable.encode(), str(tmp_path / "launcher.py").encode()] in cmdlines  # not the argv recorded
     proc = _autotune("study", "resume", "killed", "--storage", f"sqlite:///{tmp_path}/studies.db", "--trials", "1",
                      cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
