@@ -139,10 +139,6 @@ def _run_study(cfg: StudyConfig, trials: int | None) -> None:
     space.complete(cfg.baseline)  # validate the baseline before anything runs
     if preset_needs_benchmark(cfg.target.engine) and objective.benchmark is None:
         raise UsageError(f"engine '{cfg.target.engine}' runs no server: the objective needs a 'benchmark' command")
-    if cfg.storage.startswith("sqlite:///"):
-        db_dir = Path(cfg.storage.removeprefix("sqlite:///")).parent
-        if not db_dir.is_dir():
-            raise UsageError(f"storage {cfg.storage}: folder {db_dir} does not exist")
     preset = get_preset(cfg.target.engine)
     stop = StopRequest()
     runner = TrialRunner(

@@ -49,7 +49,7 @@ from autotune.runner import TrialResult, TrialSpec
 from autotune.secrets import Redactor
 from autotune.space import SearchSpace
 from autotune.stopping import StopRequest, handle_signals
-from autotune.storage import open_storage
+from autotune.storage import check_storage, open_storage
 from autotune.study_view import best_view
 
 FAILURE_CONSTRAINT = "failure"
@@ -197,6 +197,7 @@ class Driver:
             StudyMismatchError: a study of this name exists with another direction or space.
             UsageError: the storage cannot be opened, or the artifact folder cannot be written.
         """
+        check_storage(self.config.storage)  # before the artifact folder is made
         self._check_artifacts_writable()
         storage = open_storage(self.config.storage)
         self.lease = StudyLease(storage, self.config.name)
