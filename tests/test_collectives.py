@@ -142,10 +142,10 @@ def _state(pid: int) -> str:
 
 
 def test_timeout_stops_every_rank() -> None:
-    t0 = time.monotonic()
-    proc = _run("--backend", "gloo", "--sizes", "4KB", "--iters", "100000000", "--timeout", "3", timeout=60)
+    # 10**8 iterations would run for hours: the benchmark's own 3 s timeout must end it (the
+    # subprocess timeout only bounds a hang; no wall-clock assertion on a loaded machine).
+    proc = _run("--backend", "gloo", "--sizes", "4KB", "--iters", "100000000", "--timeout", "3", timeout=120)
     assert proc.returncode == 1
-    assert time.monotonic() - t0 < 20
     assert "timed out after 3 s" in proc.stderr.strip().splitlines()[-1]
 
 
