@@ -150,6 +150,15 @@ def _no_driver_left_behind() -> Iterator[None]:
                 proc.communicate(timeout=10)
 
 
+def _wait_for_tree(tag: str, size: int = 3) -> None:
+    """Wait until the launch has its whole tree (launcher, server, the child in its own session):
+    the tag is recorded as soon as the launcher starts, before it has started the others."""
+    deadline = time.monotonic() + 60
+    while len(tagged_pids(tag)) < size and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(tagged_pids(tag)) >= size
+
+
 def _assert_gone(tag: str) -> None:
     """No process of the launch is left (a zombie reaped late does not count: it holds nothing)."""
     deadline = time.monotonic() + 10
@@ -169,7 +178,7 @@ def test_a_signal_tears_the_server_down_and_requeues_the_trial(tmp_path: Path, s
     driver = _start(cfg, tmp_path)
     trial = _wait_for_server(tmp_path, "sig", driver)
     tag = trial.user_attrs["server_tag"]
-    assert len(tagged_pids(tag)) >= 3  # launcher, server, and the child in its own session
+    _wait_for_tree(tag)
     time.sleep(1.0)
     for sig in signals:
         driver.send_signal(sig)
@@ -239,6 +248,7 @@ def test_a_killed_driver_s_servers_are_killed_on_resume_even_outside_its_group(t
     driver = _start(cfg, tmp_path)
     trial = _wait_for_server(tmp_path, "killed", driver)
     tag = trial.user_attrs["server_tag"]
+    _wait_for_tree(tag)
     driver.send_signal(signal.SIGKILL)
     driver.wait(10)
     pids = tagged_pids(tag)
