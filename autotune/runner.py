@@ -120,19 +120,16 @@ class LogWatcher:
             self._size = len(self._chunks[0])
         lines = (self._pending + new).split("\n")
         self._pending = lines.pop()
-        self._scan(lines)
+        for line in lines:
+            self._best = self._better(line, self._best)
         return new
 
-    def _scan(self, lines: Sequence[str]) -> tuple[int, str, str] | None:
-        """The best match in ``lines`` better than the one kept (lower priority index wins)."""
-        found = None
-        for line in lines:
-            stop = self._best[0] if self._best is not None else len(self.patterns)
-            for prio in range(stop):
-                if self.patterns[prio].regex.search(line):
-                    found = self._best = (prio, self.patterns[prio].kind, line.strip())
-                    break
-        return found
+    def _better(self, line: str, best: tuple[int, str, str] | None) -> tuple[int, str, str] | None:
+        """``best``, or ``line``'s match if a pattern of higher priority (a lower index) matches it."""
+        for prio in range(best[0] if best is not None else len(self.patterns)):
+            if self.patterns[prio].regex.search(line):
+                return prio, self.patterns[prio].kind, line.strip()
+        return best
 
     @property
     def text(self) -> str:
@@ -145,13 +142,7 @@ class LogWatcher:
     def error(self) -> tuple[str, str] | None:
         """``(kind, line)`` of the highest-priority failure pattern in the log so far, or None
         (the same choice as :func:`~autotune.failures.find_error` over the whole text)."""
-        best = self._best
-        if self._pending:
-            stop = best[0] if best is not None else len(self.patterns)
-            for prio in range(stop):
-                if self.patterns[prio].regex.search(self._pending):
-                    best = (prio, self.patterns[prio].kind, self._pending.strip())
-                    break
+        best = self._better(self._pending, self._best) if self._pending else self._best
         return None if best is None else (best[1], best[2])
 
 

@@ -58,10 +58,7 @@ class Companion(BaseModel):
     @field_validator("value", mode="before")
     @classmethod
     def _scalar_value(cls, value: Any) -> Any:
-        problem = None if value is None else _not_scalar(value)
-        if problem:
-            raise ValueError(problem)
-        return value
+        return _scalar_or_none(value)
 
     @model_validator(mode="after")
     def _one_target(self) -> Companion:
@@ -109,10 +106,7 @@ class Parameter(BaseModel):
     @field_validator("default", mode="before")
     @classmethod
     def _scalar_default(cls, value: Any) -> Any:
-        problem = None if value is None else _not_scalar(value)
-        if problem:
-            raise ValueError(problem)
-        return value
+        return _scalar_or_none(value)
 
     @model_validator(mode="after")
     def _check(self) -> Parameter:
@@ -448,6 +442,18 @@ def _not_scalar(value: Any) -> str | None:
     if not isinstance(value, (str, int, float, bool)):
         return f"{value!r} is not text, a number or true/false"
     return None
+
+
+def _scalar_or_none(value: Any) -> Any:
+    """``value`` unchanged if it is None or a valid scalar (see :func:`_not_scalar`).
+
+    Raises:
+        ValueError: why it is not (pydantic reports it under the field's key).
+    """
+    problem = None if value is None else _not_scalar(value)
+    if problem:
+        raise ValueError(problem)
+    return value
 
 
 def _fmt(x: float) -> str:
