@@ -16,7 +16,7 @@ def test_builtin_sglang_nccl_has_the_issue_parameters() -> None:
     applied_as = {p.env or p.flag for p in space.parameters.values()}
     for key in ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE", "NCCL_ALGO", "NCCL_PROTO",
                 "--mem-fraction-static", "--num-continuous-decode-steps", "--speculative-num-draft-tokens",
-                "--max-running-requests", "--cuda-graph-max-bs"):
+                "--max-running-requests", "--cuda-graph-max-bs-decode"):
         assert key in applied_as
 
 

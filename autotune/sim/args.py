@@ -78,7 +78,10 @@ def build_parser(prog: str = "python -m autotune.sim serve") -> argparse.Argumen
     p.add_argument("--mem-fraction-static", type=float, default=None)
     p.add_argument("--max-running-requests", type=int, default=None)
     p.add_argument("--max-total-tokens", type=int, default=None)
-    p.add_argument("--cuda-graph-max-bs", type=int, default=None)
+    # SGLang 0.5.14-0.5.19 accept both names (the second a deprecated alias); 0.5.20 and later only
+    # the first, older releases only the second.
+    p.add_argument("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs", dest="cuda_graph_max_bs", type=int,
+                   default=None)
     p.add_argument("--disable-cuda-graph", action="store_true", default=None)
     p.add_argument("--num-continuous-decode-steps", type=int, default=1)
     p.add_argument("--speculative-algorithm", type=str, default=None,

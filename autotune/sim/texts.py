@@ -95,7 +95,7 @@ def failure_lines(cfg: EngineConfig, stage: str, message_detail: str = "") -> li
             f"[rank0]: Exception: Capture cuda graph failed: {_torch_oom(cfg, alloc, alloc - m.short_by)}",
             "[rank0]: Possible solutions:",
             "[rank0]: 1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)",
-            "[rank0]: 2. set --cuda-graph-max-bs to a smaller value (e.g., 16)",
+            "[rank0]: 2. set --cuda-graph-max-bs-decode to a smaller value (e.g., 16)",
             "[rank0]: 3. disable torch compile by not using --enable-torch-compile",
             "[rank0]: 4. disable CUDA graph by --disable-cuda-graph. (Not recommended. Huge performance loss)",
             "[rank0]: Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose",

@@ -160,7 +160,7 @@ FAILURES = [
                                               "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3"),
                  {"NCCL_MIN_NCHANNELS": "1", "NCCL_MAX_NCHANNELS": "2", "NCCL_BUFFSIZE": "131072"},
                  ["Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate ",
-                  "set --mem-fraction-static to a smaller value", "set --cuda-graph-max-bs to a smaller value"], id="graph-oom"),
+                  "set --mem-fraction-static to a smaller value", "set --cuda-graph-max-bs-decode to a smaller value"], id="graph-oom"),
 ]
 
 

