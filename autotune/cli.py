@@ -122,10 +122,10 @@ def _with_secrets(data: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def _run_study(cfg: StudyConfig, trials: int | None) -> None:
-    from autotune.driver import Driver, HostBrokenError, artifact_dir
+    from autotune.driver import Driver, HostBrokenError, artifact_dir, make_hosts
     from autotune.engines import get_preset
     from autotune.executors import SerialExecutor
-    from autotune.hosts import make_host
+    from autotune.hosts import LocalHost
     from autotune.objective import Objective
     from autotune.progress import ConsoleReporter
     from autotune.runner import TrialRunner
@@ -141,8 +141,10 @@ def _run_study(cfg: StudyConfig, trials: int | None) -> None:
         raise UsageError(f"engine '{cfg.target.engine}' runs no server: the objective needs a 'benchmark' command")
     preset = get_preset(cfg.target.engine)
     stop = StopRequest()
+    hosts = make_hosts(cfg.target, child_umask=_USER_UMASK)
+    host = hosts[cfg.target.hosts[0]]  # the serial executor runs every trial on the first host
     runner = TrialRunner(
-        make_host(cfg.target.hosts[0], child_umask=_USER_UMASK),
+        host,
         preset,
         objective,
         log_dir=artifact_dir(cfg.storage) / "logs" / cfg.name,
@@ -159,13 +161,15 @@ def _run_study(cfg: StudyConfig, trials: int | None) -> None:
         stop=stop,
         secrets=cfg.target.secrets,
         public=space.applied_names(),
+        bench_host=LocalHost(child_umask=_USER_UMASK) if host.remote else None,
     )
     reporter = ConsoleReporter(_err, metric=objective.metric)
-    driver = Driver(cfg, space, objective, SerialExecutor(runner), reporter=reporter, trials=trials, stop=stop)
+    driver = Driver(cfg, space, objective, SerialExecutor(runner), reporter=reporter, trials=trials, stop=stop,
+                    hosts=hosts)
     try:
         run = driver.run()
     except HostBrokenError as exc:
-        _err.print(str(exc), style="red", markup=False)
+        _err.print(str(exc), style="red", markup=False, soft_wrap=True)  # one line, however long
         raise typer.Exit(1) from None
     except sqlalchemy.exc.SQLAlchemyError as exc:
         # Locked for longer than the storage waits, or its disk is full: what was recorded stays.
@@ -173,6 +177,9 @@ def _run_study(cfg: StudyConfig, trials: int | None) -> None:
         _err.print(f"storage error, study stopped: {str(orig).splitlines()[0] if str(orig) else type(orig).__name__}; "
                    f"`autotune study resume {cfg.name}` continues", style="red", markup=False)
         raise typer.Exit(1) from None
+    finally:
+        for h in driver.hosts.values():
+            h.close()
     if stop.requested:
         raise typer.Exit(stop.exit_code)
     _print_best(run.study, objective.metric)

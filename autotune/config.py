@@ -8,7 +8,8 @@ Example::
       scenario: rtx6000-pcie-glm5 # sim only
       command: null               # optional template override; {port} is filled in
       env: {NCCL_IB_DISABLE: "1"} # fixed env
-      hosts: [local]
+      hosts: [local]              # or ["ssh://user@gpu1:22"] (see docs/distributed.md)
+      ssh: {key_filename: ~/.ssh/id_ed25519, workdir: /srv/tune, setup: "source /opt/venv/bin/activate"}
       ready_timeout_s: 600
     space: sglang_nccl            # a built-in name or a path
     objective: throughput         # a built-in name or a path
@@ -41,12 +42,66 @@ _FLAG_NAME = re.compile(r"--?[A-Za-z0-9][\w.-]*")
 Engine = Literal["sim", "sglang", "vllm", "transformers", "custom", "none"]
 
 
+class SSHConfig(BaseModel):
+    """How SSH hosts (``ssh://...`` in ``target.hosts``) are reached and used.
+
+    ``key_filename`` and ``known_hosts`` default to the usual places (the agent, ``~/.ssh``); a
+    given file must exist (``known_hosts`` may be missing only when unknown keys are accepted: it
+    is created). ``workdir`` is the remote folder servers start in (``~`` is the remote home),
+    ``setup`` a shell line run before each server (e.g. ``source /opt/venv/bin/activate``),
+    ``python`` the remote interpreter that fills ``{python}``.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    key_filename: str | None = None
+    known_hosts: str | None = None
+    accept_unknown_host_key: bool = False
+    workdir: str = Field(default="~", min_length=1)
+    setup: str = ""
+    python: str = Field(default="python3", min_length=1)
+    connect_timeout_s: float = Field(default=10.0, ge=1, le=600)
+    command_timeout_s: float = Field(default=60.0, ge=5, le=3600)
+
+    @field_validator("key_filename")
+    @classmethod
+    def _key_exists(cls, path: str | None) -> str | None:
+        if path is not None and not Path(path).expanduser().is_file():
+            raise ValueError(f"key file '{path}' does not exist")
+        return path
+
+    @field_validator("workdir", "setup", "python")
+    @classmethod
+    def _one_line(cls, value: str) -> str:
+        if "\x00" in value or "\n" in value or "\r" in value:
+            raise ValueError("must be one line of text (no NUL, no line break)")
+        return value
+
+    @field_validator("python")
+    @classmethod
+    def _one_word(cls, value: str) -> str:
+        if len(value.split()) != 1:
+            raise ValueError(f"'{value}' is not one word (the remote interpreter's name or path)")
+        return value
+
+    @model_validator(mode="after")
+    def _known_hosts_exists(self) -> SSHConfig:
+        if self.known_hosts is not None:
+            path = Path(self.known_hosts).expanduser()
+            if path.is_dir() or not (path.is_file() or self.accept_unknown_host_key):
+                raise ValueError(f"known_hosts file '{self.known_hosts}' does not exist (or set "
+                                 "accept_unknown_host_key: true to create it)")
+        return self
+
+
 class TargetConfig(BaseModel):
     """What a trial launches and where.
 
     ``command`` may only hold the placeholders ``{python}``, ``{port}``, ``{host}``, ``{model}``
     and ``{scenario}`` (and must hold ``{port}``); ``secrets`` names further env vars or flags
-    whose values are secret (never shown or exported in clear).
+    whose values are secret (never shown or exported in clear). ``hosts``: ``local`` or
+    ``ssh://[user@]host[:port]``, with ``ssh`` saying how SSH hosts are used; the serial executor
+    runs every trial on the first host.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -57,6 +112,7 @@ class TargetConfig(BaseModel):
     command: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
     hosts: list[str] = Field(default_factory=lambda: ["local"], min_length=1)
+    ssh: SSHConfig | None = None
     ready_timeout_s: float = Field(default=600.0, gt=0)
     startup_timeout_factor: float = Field(default=3.0, ge=1)
     startup_timeout_floor_s: float = Field(default=120.0, gt=0)
@@ -114,8 +170,13 @@ class TargetConfig(BaseModel):
     @classmethod
     def _known_hosts(cls, hosts: list[str]) -> list[str]:
         for h in hosts:
-            if h != "local":
-                raise ValueError(f"host '{h}': only 'local' is supported in this version (ssh:// hosts are planned)")
+            if h == "local":
+                continue
+            if not h.startswith("ssh://"):
+                raise ValueError(f"host '{h}': expected 'local' or ssh://[user@]host[:port]")
+            from autotune.sshhost import parse_ssh_url
+
+            parse_ssh_url(h)
         return hosts
 
     @model_validator(mode="after")
@@ -132,6 +193,8 @@ class TargetConfig(BaseModel):
             raise ValueError(f"engine '{self.engine}' needs a 'model' (or a full 'command')")
         if self.engine == "none" and self.command:
             raise ValueError("engine 'none' runs the objective's benchmark command; it takes no 'command'")
+        if self.engine == "none" and any(h != "local" for h in self.hosts):
+            raise ValueError("engine 'none' runs its benchmark command on this machine: hosts must be [local]")
         return self
 
 

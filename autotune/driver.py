@@ -18,9 +18,12 @@ constraints), and its server log as an artifact.
 One study, one owner: the driver takes the study's lease (:mod:`autotune.lease`) before it writes
 anything, and a second driver on a live study is refused. A study started again with the same
 name continues: RUNNING trials of a dead owner are failed (``fault``/``interrupted``), whatever
-they left running is killed, and their parameters are enqueued again. A signal stops the study
-after the running trial is torn down (:mod:`autotune.stopping`); that trial is recorded as
-``fault``/``interrupted`` and enqueued again, so an interrupted baseline runs again too. A seeded
+they left running is killed (on the host each recorded), and their parameters are enqueued
+again. A teardown that could not reach a remote host leaves a server behind: its tag is kept in
+the study's ``servers_left`` attribute until a driver reaches the host and kills it (before each
+trial, and on resume). A signal stops the study after the running trial is torn down
+(:mod:`autotune.stopping`); that trial is recorded as ``fault``/``interrupted`` and enqueued
+again, so an interrupted baseline runs again too. A seeded
 study's sampler is seeded from the seed and the number of trials so far, so a resumed study
 continues its search instead of replaying it, and stays reproducible.
 """
@@ -34,15 +37,15 @@ import shutil
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.trial import TrialState
 
-from autotune.config import StudyConfig
+from autotune.config import StudyConfig, TargetConfig
 from autotune.errors import UsageError
-from autotune.hosts import MIN_FREE_BYTES, kill_stale_local_server
+from autotune.hosts import MIN_FREE_BYTES, Host, HostFault, kill_stale_local_server, make_host
 from autotune.lease import StudyLease
 from autotune.objective import Objective
 from autotune.runner import TrialResult, TrialSpec
@@ -54,6 +57,10 @@ from autotune.study_view import best_view
 
 FAILURE_CONSTRAINT = "failure"
 MAX_FAULTS_IN_A_ROW = 3
+HOST_REFUSED_FAULTS = frozenset({"host-key-unknown", "host-key-mismatch", "auth-failed"})
+"""Faults that no retry can mend (the host refused us): the study stops at the first one."""
+SERVERS_LEFT = "servers_left"
+"""Study user attr: ``[{"host", "tag", "trial"}]``, servers a teardown could not reach."""
 
 
 class Executor(Protocol):
@@ -130,6 +137,23 @@ def make_sampler(kind: str, seed: int | None) -> optuna.samplers.BaseSampler:
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True)
 
 
+def make_hosts(target: TargetConfig, *, child_umask: int | None = None) -> dict[str, Host]:
+    """One host object per distinct entry of ``target.hosts``, by name, in order.
+
+    ``child_umask``: the umask of servers launched locally (None: ours).
+    """
+    return {spec: make_host(spec, child_umask=child_umask,
+                            ssh=ssh_options(target) if spec.startswith("ssh://") else None)
+            for spec in target.hosts}
+
+
+def ssh_options(target: TargetConfig) -> Any:
+    """``target.ssh`` as the :class:`~autotune.sshhost.SSHOptions` an SSH host takes."""
+    from autotune.sshhost import SSHOptions
+
+    return SSHOptions(**target.ssh.model_dump()) if target.ssh is not None else SSHOptions()
+
+
 def startup_timeout(startups: list[float], *, cap_s: float, factor: float, floor_s: float) -> tuple[float, str]:
     """The ready timeout of the next trial, and how it was chosen.
 
@@ -173,8 +197,13 @@ class Driver:
         reporter: Reporter | None = None,
         trials: int | None = None,
         stop: StopRequest | None = None,
+        hosts: Mapping[str, Host] | None = None,
     ) -> None:
         self.config = config
+        self.hosts: dict[str, Host] = dict(hosts or {})
+        """Host objects by name (those the executor uses); others are made when a stale trial
+        recorded one (with the config's SSH options)."""
+        self._left: list[dict[str, Any]] = []  # servers_left, as last written
         self.space = space
         self.objective = objective
         self.executor = executor
@@ -219,26 +248,70 @@ class Driver:
             study.set_user_attr("space_distributions", self._space_signature())
             study.set_user_attr("created", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
         me = self.lease.me.id
+        earlier_left = list(study.user_attrs.get(SERVERS_LEFT) or [])
+        self._left = []
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if t.user_attrs.get("owner") == me:
                 continue
             # The lease was free or taken from a dead owner: its RUNNING trials are stale.
             # Heartbeats only work inside study.optimize, so an ask/tell driver fails them itself,
             # after killing what the dead driver left running.
-            if t.user_attrs.get("host", "local") == "local":
-                pgid = t.user_attrs.get("server_pgid")
-                kill_stale_local_server(int(pgid) if pgid else None, t.user_attrs.get("argv") or [],
-                                        t.user_attrs.get("server_tag"))
+            self._kill_stale(t)
             study._storage.set_trial_user_attr(t._trial_id, "outcome", "fault")
             study._storage.set_trial_user_attr(t._trial_id, "failure_kind", "interrupted")
             study._storage.set_trial_user_attr(t._trial_id, "failure_message", "its driver died while it ran")
             study.tell(t.number, state=TrialState.FAIL)
             if t.params:
                 study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number, **_baseline_attr(t)})
+        self._left = self._kill_each(earlier_left) + self._left
+        if earlier_left or self._left:
+            study.set_user_attr(SERVERS_LEFT, list(self._left))
         if self.config.baseline or not study.trials:
             baseline = self.space.complete(self.config.baseline)
             study.enqueue_trial(baseline, user_attrs={"baseline": True}, skip_if_exists=True)
         return study
+
+    def _host(self, name: str) -> Host | None:
+        """The host object of ``name`` (made on first use); None for a name no longer valid."""
+        if name not in self.hosts:
+            try:
+                ssh = ssh_options(self.config.target) if name.startswith("ssh://") else None
+                self.hosts[name] = make_host(name, ssh=ssh)
+            except ValueError:
+                return None
+        return self.hosts[name]
+
+    def _kill_stale(self, t: optuna.trial.FrozenTrial) -> None:
+        """Kill what a RUNNING trial of a dead driver left running, on the host it recorded."""
+        name = t.user_attrs.get("host") or "local"
+        tag = t.user_attrs.get("server_tag")
+        pgid = t.user_attrs.get("server_pgid")
+        if name == "local" and not tag:  # recorded by versions that kept no tag
+            kill_stale_local_server(int(pgid) if pgid else None, t.user_attrs.get("argv") or [], None)
+            return
+        if not tag:
+            return
+        self._left += self._kill_each([{"host": name, "tag": tag, "trial": t.number}])
+
+    def _kill_each(self, servers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Kill each listed server (``{"host", "tag", "trial"}``) on its host; returns those whose
+        host could not be reached."""
+        still = []
+        for entry in servers:
+            host = self._host(str(entry.get("host")))
+            try:
+                if host is not None:
+                    host.kill_tagged(str(entry.get("tag")))
+            except HostFault:
+                still.append(entry)
+        return still
+
+    def _retry_servers_left(self, study: optuna.Study) -> None:
+        """Kill the servers teardowns could not reach, now that their host may answer again."""
+        still = self._kill_each(self._left)
+        if still != self._left:
+            self._left = still
+            study.set_user_attr(SERVERS_LEFT, list(still))
 
     def _stored_config(self) -> dict[str, Any]:
         """The config as stored with the study: secrets in ``target.env`` and ``target.command``
@@ -317,6 +390,8 @@ class Driver:
         self.reporter.study_started(study.study_name, len(finished_trials(study)), self.budget_trials)
         faults_in_a_row = 0
         while True:
+            if self._left:
+                self._retry_servers_left(study)
             reason = self._budget_spent(study) or self._must_stop()
             if reason:
                 run.reason = reason
@@ -342,6 +417,7 @@ class Driver:
                     trial.set_user_attr("server_pgid", info.get("pgid"))
                     trial.set_user_attr("server_tag", info.get("tag"))
                     trial.set_user_attr("argv", info.get("argv"))
+                    trial.set_user_attr("host", info.get("host", "local"))
                     return
                 self.reporter.phase(trial.number, phase, detail)
 
@@ -362,9 +438,12 @@ class Driver:
                 if retries < self.config.max_fault_retries:
                     study.enqueue_trial(dict(trial.params), user_attrs={"fault_retries": retries + 1, "retry_of": trial.number,
                                                                          **({"baseline": True} if is_baseline else {})})
-                if faults_in_a_row >= MAX_FAULTS_IN_A_ROW:
-                    msg = result.failure.message if result.failure else ""
+                msg = result.failure.message if result.failure else ""
+                if kind in HOST_REFUSED_FAULTS:
+                    run.reason = f"stopped: {kind}: {msg}"
+                elif faults_in_a_row >= MAX_FAULTS_IN_A_ROW:
                     run.reason = f"stopped: {faults_in_a_row} infrastructure faults in a row ({kind or 'fault'}: {msg})"
+                if run.reason:
                     self.reporter.study_finished(study, run.reason)
                     raise HostBrokenError(run.reason)
             else:
@@ -423,6 +502,9 @@ class Driver:
         }
         for key, val in attrs.items():
             trial.set_user_attr(key, val)
+        if result.left_running and result.server_tag:
+            self._left.append({"host": result.host, "tag": result.server_tag, "trial": trial.number})
+            study.set_user_attr(SERVERS_LEFT, list(self._left))
         if Path(result.log_path).is_file():
             try:
                 artifact_id = upload_artifact(artifact_store=self.store, file_path=result.log_path, study_or_trial=trial)

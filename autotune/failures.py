@@ -5,7 +5,9 @@ Kinds (the configuration's fault, told to the sampler as infeasible):
 ``crash`` (died with no recognised error), ``crash-under-load``, ``request-errors``,
 ``slo-violated``. Kinds that are the infrastructure's fault (FAIL, retried): ``launch-failed``,
 ``port-busy``, ``host-unreachable``, ``disk-full``, ``log-unwritable``, ``interrupted`` (a signal
-stopped the trial), and the benchmark command's own failures.
+stopped the trial), the benchmark command's own failures, and an SSH host's: ``connection-lost``,
+``remote-timeout``, ``host-key-unknown``, ``host-key-mismatch``, ``auth-failed``, ``setup-failed``,
+``gpu-busy``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,10 @@ INFEASIBLE_KINDS = frozenset(
 )
 FAULT_KINDS = frozenset(
     {"launch-failed", "port-busy", "host-unreachable", "benchmark-failed", "benchmark-timeout", "result-unparsed",
-     "interrupted", "disk-full", "log-unwritable"}
+     "interrupted", "disk-full", "log-unwritable",
+     # SSH hosts (autotune.sshhost)
+     "connection-lost", "remote-timeout", "host-key-unknown", "host-key-mismatch", "auth-failed", "setup-failed",
+     "gpu-busy"}
 )
 
 

@@ -6,7 +6,10 @@ descendant inherits, so a child that leaves the group (``setsid``, as engines' w
 can) is still found. Teardown sends SIGTERM to the group and to every tagged process, waits a
 grace period, then SIGKILL, and checks that the port is free again before the next trial may
 start. The tag is recorded with the trial, so a driver that died is cleaned up after by the next
-one (:func:`kill_stale_local_server`), even when ``/proc/PID/cmdline`` was rewritten by a script.
+one (:meth:`Host.kill_tagged`), even when ``/proc/PID/cmdline`` was rewritten by a script.
+
+``SSHHost`` (:mod:`autotune.sshhost`) does the same on another machine over SSH; :func:`make_host`
+turns a config spelling (``local``, ``ssh://user@host:port``) into one host object per host.
 """
 
 from __future__ import annotations
@@ -18,12 +21,16 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 from autotune._net import free_port
+
+if TYPE_CHECKING:
+    from autotune.sshhost import SSHOptions
 
 TAG_ENV = "AUTOTUNE_TRIAL_TAG"
 """The environment variable that marks every process of one launch (inherited by children)."""
@@ -38,6 +45,18 @@ class HostFault(Exception):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
+
+
+class ServerLeftRunning(HostFault):
+    """Teardown could not reach the server's host: the server (``tag``) may still run there.
+
+    The host object remembers it and kills it once the host answers again; a caller that keeps
+    records (the driver) keeps ``tag`` so that a later process can kill it too.
+    """
+
+    def __init__(self, kind: str, message: str, tag: str) -> None:
+        super().__init__(kind, message)
+        self.tag = tag
 
 
 class ServerProcess(abc.ABC):
@@ -56,18 +75,57 @@ class ServerProcess(abc.ABC):
         """Stop the server and everything it started; returns when all of it is gone.
 
         SIGTERM first, SIGKILL after ``grace_s`` or as soon as ``hurry()`` turns true.
+
+        Raises:
+            HostFault: a remote host could not be reached to finish (:class:`ServerLeftRunning`:
+                the server may still run there), or what the server held was not released
+                (``gpu-busy``). A local host never raises.
         """
 
 
 class Host(abc.ABC):
-    """A machine that runs servers. ``address`` is what clients connect to."""
+    """A machine that runs servers.
+
+    ``name`` is the host's config spelling (``local``, ``ssh://user@host:port``), recorded with
+    each trial. ``python`` fills ``{python}`` and ``bind_address`` fills ``{host}`` in a server's
+    command: what they are *on that host*. Clients (the load generator, health polls) reach a
+    server's ``port`` at :meth:`endpoint`, which for a remote host is the local end of a tunnel.
+    ``remote`` says whether the host is another machine.
+    """
 
     name: str
     address: str
+    python: str = sys.executable
+    bind_address: str = "127.0.0.1"
+    remote: bool = False
 
     @abc.abstractmethod
-    def launch(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path, *, cwd: Path | None = None) -> ServerProcess:
-        """Start ``argv`` with ``env`` added to the host's environment; output goes to ``log_path``."""
+    def launch(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path, *, cwd: Path | None = None,
+               port: int | None = None) -> ServerProcess:
+        """Start ``argv`` with ``env`` added to the host's environment; output goes to ``log_path``
+        (a local file, growing while the server runs). ``port``: the port the server will listen
+        on, if it is a server (a remote host releases its tunnel to it at teardown)."""
+
+    def endpoint(self, port: int) -> tuple[str, int]:
+        """Where a client here connects to reach the server listening on ``port`` of this host."""
+        return self.address, port
+
+    def base_url(self, port: int) -> str:
+        """``http://HOST:PORT`` of the server listening on ``port`` of this host, seen from here."""
+        address, local_port = self.endpoint(port)
+        return f"http://{address}:{local_port}"
+
+    @abc.abstractmethod
+    def kill_tagged(self, tag: str) -> bool:
+        """SIGKILL every process on this host whose environment carries ``TAG_ENV=tag`` (what a
+        dead driver left of a launch); returns True if anything was killed.
+
+        Raises:
+            HostFault: the host cannot be reached.
+        """
+
+    def close(self) -> None:
+        """Release what the host object holds (connections, tunnels); it may be used again after."""
 
     @abc.abstractmethod
     def port_free(self, port: int) -> bool:
@@ -131,9 +189,12 @@ class LocalHost(Host):
     def __init__(self, address: str = "127.0.0.1", *, child_umask: int | None = None) -> None:
         self.name = "local"
         self.address = address
+        self.bind_address = address
+        self.python = sys.executable
         self.child_umask = -1 if child_umask is None else child_umask
 
-    def launch(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path, *, cwd: Path | None = None) -> ServerProcess:
+    def launch(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path, *, cwd: Path | None = None,
+               port: int | None = None) -> ServerProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         tag = uuid.uuid4().hex
         full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1", TAG_ENV: tag}
@@ -170,19 +231,28 @@ class LocalHost(Host):
         return free_port(self.address)
 
     def check_launch(self, log_path: Path) -> None:
-        folder = log_path.parent
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            probe = folder / f".write-probe-{os.getpid()}"
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as exc:
-            kind = "disk-full" if exc.errno == errno.ENOSPC else "log-unwritable"
-            raise HostFault(kind, f"cannot write the trial log in {folder}: {exc.strerror}") from None
-        free = shutil.disk_usage(folder).free
-        if free < MIN_FREE_BYTES:
-            raise HostFault("disk-full", f"only {free // 1024} KiB free under {folder} (a trial needs "
-                                         f"{MIN_FREE_BYTES // 2**20} MiB for its log)")
+        check_log_folder(log_path)
+
+    def kill_tagged(self, tag: str) -> bool:
+        return kill_stale_local_server(None, (), tag)
+
+
+def check_log_folder(log_path: Path) -> None:
+    """Raise :class:`HostFault` unless ``log_path``'s folder (made if missing) is writable here
+    (``log-unwritable``) and has :data:`MIN_FREE_BYTES` free (``disk-full``)."""
+    folder = log_path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        kind = "disk-full" if exc.errno == errno.ENOSPC else "log-unwritable"
+        raise HostFault(kind, f"cannot write the trial log in {folder}: {exc.strerror}") from None
+    free = shutil.disk_usage(folder).free
+    if free < MIN_FREE_BYTES:
+        raise HostFault("disk-full", f"only {free // 1024} KiB free under {folder} (a trial needs "
+                                     f"{MIN_FREE_BYTES // 2**20} MiB for its log)")
 
 
 def _signal_group(pgid: int | None, sig: int) -> None:
@@ -268,10 +338,18 @@ def kill_stale_local_server(pgid: int | None, argv: Sequence[str], tag: str | No
     return True
 
 
-def make_host(spec: str, *, child_umask: int | None = None) -> Host:
-    """A host from its config spelling. Only ``local`` exists in this version (the config
-    validation rejects other spellings before a study starts). ``child_umask``: the umask of
-    launched servers (None: ours)."""
-    if spec != "local":
-        raise ValueError(f"unsupported host '{spec}'")
-    return LocalHost(child_umask=child_umask)
+def make_host(spec: str, *, child_umask: int | None = None, ssh: SSHOptions | None = None) -> Host:
+    """A new host object from its config spelling: ``local``, or ``ssh://[user@]host[:port]``
+    (an :class:`~autotune.sshhost.SSHHost` with ``ssh``'s options; defaults if None).
+    ``child_umask``: the umask of servers launched locally (None: ours).
+
+    Raises:
+        ValueError: any other spelling (the config validation rejects them before a study starts).
+    """
+    if spec == "local":
+        return LocalHost(child_umask=child_umask)
+    if spec.startswith("ssh://"):
+        from autotune.sshhost import SSHHost
+
+        return SSHHost(spec, ssh)
+    raise ValueError(f"unsupported host '{spec}' (expected 'local' or ssh://[user@]host[:port])")

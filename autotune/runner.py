@@ -12,7 +12,6 @@ import dataclasses
 import json
 import os
 import shlex
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ import requests
 
 from autotune.engines import EnginePreset
 from autotune.failures import COMMON_PATTERNS, FAULT_KINDS, Failure, Pattern, classify, excerpt, find_error
-from autotune.hosts import Host, HostFault, ServerProcess
+from autotune.hosts import Host, HostFault, LocalHost, ServerLeftRunning, ServerProcess
 from autotune.loadgen import Workload, run_load_sync
 from autotune.objective import Objective
 from autotune.results import ResultParseError, parse_result
@@ -32,8 +31,8 @@ from autotune.stopping import StopRequest
 Outcome = Literal["ok", "infeasible", "fault"]
 PhaseCallback = Callable[[str, str], None]
 """Called as ``on_phase(phase, detail)`` with phase launching | launched | warming | measuring |
-teardown; for ``launched`` the detail is JSON ``{"pgid", "tag", "argv", "port"}`` so the driver can
-record the server before anything else happens (and kill it on resume if the driver died)."""
+teardown; for ``launched`` the detail is JSON ``{"pgid", "tag", "argv", "port", "host"}`` so the driver
+can record the server before anything else happens (and kill it on resume if the driver died)."""
 
 DISK_FULL_TEXT = "No space left on device"
 
@@ -79,6 +78,9 @@ class TrialResult:
     secret_args: dict[int, str] = field(default_factory=dict)
     """Which env keys and argv positions hold a ``${NAME}`` reference instead of a secret value
     (a result never carries a secret: see :mod:`autotune.secrets`)."""
+    server_tag: str = ""
+    left_running: bool = False
+    """Teardown could not reach the host: the server tagged ``server_tag`` may still run there."""
 
 
 class LogWatcher:
@@ -152,7 +154,13 @@ class TrialRunner:
     Contract: :meth:`run` always tears the server down (process group killed, port verified free)
     before it returns, whatever happened; a configuration failure is returned as
     ``outcome="infeasible"`` with a failure kind and excerpt, an infrastructure failure as
-    ``outcome="fault"``.
+    ``outcome="fault"``. A teardown that could not reach a remote host is the one exception: the
+    result says so (``left_running``) and the host kills the server when it answers again.
+
+    The server runs on ``host`` (``{python}`` and ``{host}`` in its command are that host's); the
+    load, and an objective's benchmark command, run here and reach it at ``host.base_url(port)``
+    (``bench_host``: where a benchmark command runs; default ``host`` when it is local, else this
+    machine). An ``engine: none`` trial is its benchmark command, run on ``bench_host``.
     """
 
     def __init__(
@@ -174,8 +182,10 @@ class TrialRunner:
         stop: StopRequest | None = None,
         secrets: tuple[str, ...] | list[str] = (),
         public: tuple[str, ...] | list[str] = (),
+        bench_host: Host | None = None,
     ) -> None:
         self.host = host
+        self.bench_host = bench_host or (LocalHost() if host.remote else host)
         self.preset = preset
         self.objective = objective
         self.log_dir = log_dir
@@ -197,7 +207,8 @@ class TrialRunner:
 
         ``port`` may be the text ``"{port}"`` to get a template for launch profiles.
         """
-        argv = self.preset.argv(port=port, template=self.template, fields=self.fields) + list(spec.args)
+        fields = {"python": self.host.python, "host": self.host.bind_address, **self.fields}
+        argv = self.preset.argv(port=port, template=self.template, fields=fields) + list(spec.args)
         return argv, {**self.fixed_env, **spec.env}
 
     def run(self, spec: TrialSpec, on_phase: PhaseCallback | None = None) -> TrialResult:
@@ -210,8 +221,16 @@ class TrialRunner:
         """
         phase_cb = on_phase or (lambda phase, detail: None)
         started = time.monotonic()
-        port = self.port or self.host.free_port()
         log_path = self.log_dir / f"trial-{spec.number:04d}.log"
+        try:
+            port = self.port or self.host.free_port()
+        except HostFault as fault:  # a remote host that cannot be reached: nothing launched
+            argv, env = self.command(spec, "{port}")
+            early = TrialResult(spec.number, "fault", argv=argv, argv_template=list(argv), env=env, host=self.host.name,
+                                log_path=str(log_path), failure=Failure(fault.kind, str(fault), ""))
+            _redact(early, Redactor(env, argv, self.secrets, public=self.public, environ=os.environ), [])
+            early.duration_s = time.monotonic() - started
+            return early
         argv, env = self.command(spec, port)
         redactor = Redactor(env, argv, self.secrets, public=self.public, environ=os.environ)
         result = TrialResult(spec.number, "ok", argv=argv, env=env, host=self.host.name, port=port, log_path=str(log_path))
@@ -232,8 +251,10 @@ class TrialRunner:
             if log_path.exists():
                 log_path.unlink()
             phase_cb("launching", " ".join(shown[-6:]))
-            proc = self.host.launch(argv, env, log_path)
-            phase_cb("launched", json.dumps({"pgid": proc.pgid, "tag": proc.tag, "argv": shown, "port": port}))
+            proc = self.host.launch(argv, env, log_path, port=port)
+            result.server_tag = proc.tag
+            phase_cb("launched", json.dumps({"pgid": proc.pgid, "tag": proc.tag, "argv": shown, "port": port,
+                                             "host": self.host.name}))
             failure = self._wait_ready(proc, watcher, port, phase_cb, spec)
             if failure is not None:
                 result.outcome = "fault" if failure.kind in FAULT_KINDS else "infeasible"
@@ -254,13 +275,15 @@ class TrialRunner:
         finally:
             if proc is not None:
                 phase_cb("teardown", "")
-                proc.stop(self.teardown_grace_s, hurry=lambda: self.stop.hurry)
-                watcher.read()
                 try:
+                    proc.stop(self.teardown_grace_s, hurry=lambda: self.stop.hurry)
                     self.host.wait_port_free(port)
                 except HostFault as fault:
-                    # The trial's result stands; the next trial's launch reports the busy port.
+                    # The trial's result stands (a measured trial was measured); the next trial's
+                    # launch reports the busy port or the host that does not answer.
+                    result.left_running = isinstance(fault, ServerLeftRunning)
                     result.failure = result.failure or Failure(fault.kind, str(fault), "")
+                watcher.read()
             if result.outcome == "infeasible":
                 self._blame_the_disk(result, watcher, log_path)
             _redact(result, redactor, [log_path, self.log_dir / f"trial-{spec.number:04d}.bench.log"])
@@ -294,7 +317,7 @@ class TrialRunner:
                     spec: TrialSpec) -> Failure | None:
         """Poll readiness while tailing the log. Not ready within the trial's ready timeout, or
         with a log that has not grown for ``log_stall_s``: ``startup-timeout`` with the reason."""
-        url = f"http://{self.host.address}:{port}{self.ready_path}"
+        url = f"{self.host.base_url(port)}{self.ready_path}"
         timeout = spec.ready_timeout_s or self.ready_timeout_s
         why = spec.ready_timeout_reason if spec.ready_timeout_s else "the target's ready_timeout_s"
         started = time.monotonic()
@@ -344,7 +367,7 @@ class TrialRunner:
             body["model"] = self.fields["served_model_name"]
         timeout = max(1.0, min(120.0, deadline - time.monotonic()))
         try:
-            return requests.post(f"http://{self.host.address}:{port}/v1/completions", json=body, timeout=timeout).status_code
+            return requests.post(f"{self.host.base_url(port)}/v1/completions", json=body, timeout=timeout).status_code
         except requests.RequestException:
             return 0
 
@@ -388,7 +411,7 @@ class TrialRunner:
         def on_progress(done: int, total: int) -> None:
             phase_cb("measuring", f"{done}/{total} requests")
 
-        base_url = f"http://{self.host.address}:{port}"
+        base_url = self.host.base_url(port)
         load_result = run_load_sync(base_url, workload, on_progress=on_progress, should_stop=should_stop)
         watcher.read()
         if self.stop.requested:
@@ -445,8 +468,10 @@ class TrialRunner:
         for stale in (result_file, bench_log):
             if stale.exists():
                 stale.unlink()
-        values = {**self.fields, "python": sys.executable, "host": self.host.address, "port": str(port),
-                  "base_url": f"http://{self.host.address}:{port}", "result_file": str(result_file)}
+        # The benchmark runs here (bench_host) and reaches the server where this machine sees it.
+        address, local_port = self.host.endpoint(port) if server is not None else (self.bench_host.address, port)
+        values = {**self.fields, "python": self.bench_host.python, "host": address, "port": str(local_port),
+                  "base_url": f"http://{address}:{local_port}", "result_file": str(result_file)}
         argv = [w.format(**values) for w in shlex.split(bench.command)]
         env = dict(self.fixed_env)
         if server is None:
@@ -454,7 +479,7 @@ class TrialRunner:
             env.update(spec.env)
             result.argv, result.env = argv, env
         phase_cb("measuring", f"benchmark {Path(argv[0]).name}")
-        proc = self.host.launch(argv, env, bench_log)
+        proc = self.bench_host.launch(argv, env, bench_log)
         watcher = LogWatcher(bench_log, self.preset.patterns)
         deadline = time.monotonic() + bench.timeout_s
         try:
@@ -499,7 +524,7 @@ class TrialRunner:
     def _server_info(self, port: int) -> dict[str, Any] | None:
         info: dict[str, Any] = {}
         for path in self.preset.info_paths:
-            url = f"http://{self.host.address}:{port}{path}"
+            url = f"{self.host.base_url(port)}{path}"
             try:
                 resp = requests.get(url, timeout=5)
             except requests.RequestException:
