@@ -19,6 +19,7 @@ from typing import Any, Callable, Literal, Sequence
 
 import requests
 
+from autotune._net import http_ok
 from autotune.engines import EnginePreset
 from autotune.failures import COMMON_PATTERNS, FAULT_KINDS, Failure, Pattern, classify, excerpt, find_error
 from autotune.hosts import Host, HostFault, LocalHost, ServerLeftRunning, ServerProcess
@@ -334,7 +335,7 @@ class TrialRunner:
                 return classify(watcher.text, phase="launching", exit_code=code, patterns=self.preset.patterns)
             if watcher.error is not None:
                 return self._failure_while_alive(proc, watcher, "launching")
-            if _http_ok(url):
+            if http_ok(url):
                 if not self.preset.ready_probe:
                     return None
                 status = self._probe_completion(port, deadline)
@@ -554,13 +555,6 @@ def _redact(result: TrialResult, redactor: Redactor, logs: list[Path]) -> None:
         result.server_info = json.loads(redactor.text(json.dumps(result.server_info)))
     for log in logs:
         redactor.file(log)
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        return requests.get(url, timeout=1.0).status_code == 200
-    except requests.RequestException:
-        return False
 
 
 def _prometheus_subset(text: str, limit: int = 200) -> dict[str, float]:

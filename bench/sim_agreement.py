@@ -19,12 +19,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import requests
 
-from autotune._net import free_port
+from autotune._net import free_port, wait_http_ok
 from autotune.loadgen import Workload, run_load_sync
 
 SEED = 7
@@ -50,15 +48,7 @@ def _label(scenario: str) -> str:
 
 def _wait_ready(port: int, server: subprocess.Popen[bytes]) -> bool:
     """True once the server answers /health with 200; False if it exits or the deadline passes."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline and server.poll() is None:
-        try:
-            if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return True
-        except requests.RequestException:
-            pass
-        time.sleep(0.2)
-    return False
+    return wait_http_ok(f"http://127.0.0.1:{port}/health", READY_TIMEOUT_S, alive=lambda: server.poll() is None)
 
 
 def _flag_sets(flags: list[str], env: dict[str, str]) -> list[str]:

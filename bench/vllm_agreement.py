@@ -51,9 +51,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import requests
 
-from autotune._net import free_port
+from autotune._net import free_port, wait_http_ok
 
 READY_TIMEOUT_S = 180
 CHILD_TIMEOUT_S = 900
@@ -89,15 +88,7 @@ def start_server(model: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
 
 def wait_ready(port: int, server: subprocess.Popen[bytes]) -> bool:
     """True once the server answers /health with 200; False if it exits or the deadline passes."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline and server.poll() is None:
-        try:
-            if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return True
-        except requests.RequestException:
-            pass
-        time.sleep(0.5)
-    return False
+    return wait_http_ok(f"http://127.0.0.1:{port}/health", READY_TIMEOUT_S, alive=lambda: server.poll() is None)
 
 
 def run_child(tool: str, url: str, model: Path, workload: tuple[int, int, int, int], warmup: int, seed: int,

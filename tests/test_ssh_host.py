@@ -29,6 +29,8 @@ import yaml
 from autotune._net import free_port
 from autotune.hosts import TAG_ENV, HostFault, LocalHost, tagged_pids
 from autotune.sshhost import SSHHost, SSHOptions
+from tests.needs import unavailable
+from tests.test_study import autotune, show
 
 SSHD = Path("/usr/sbin/sshd")
 SCENARIO = "rtx6000-pcie-glm5"
@@ -44,12 +46,8 @@ PYTHON = Path(sys.executable).name
 
 
 def _require_sshd() -> None:
-    if SSHD.is_file():
-        return
-    why = f"{SSHD} is missing (apt-get install openssh-server)"
-    if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
-        pytest.fail(f"CI is set but there is no sshd: {why}")
-    pytest.skip(why)
+    if not SSHD.is_file():
+        unavailable(f"{SSHD} is missing (apt-get install openssh-server)")
 
 
 def _keygen(path: Path) -> None:
@@ -184,14 +182,6 @@ def launched() -> Iterator[list[str]]:
 
 
 # -- helpers --------------------------------------------------------------------------------------
-def autotune(*args: str, cwd: Path, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "autotune", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"autotune {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-    return proc
-
-
 def ssh_section(sshd: Sshd, tmp: Path, **changes: Any) -> dict[str, Any]:
     workdir = tmp / "remote work"  # a space in the remote path: it is quoted, not split
     workdir.mkdir(exist_ok=True)
@@ -218,10 +208,6 @@ def write_study(tmp: Path, name: str, sshd: Sshd, *, parameters: dict[str, Any] 
         "seed": 1,
     }))
     return cfg
-
-
-def show(tmp: Path, name: str) -> dict[str, Any]:
-    return json.loads(autotune("study", "show", name, "--json", "--storage", f"sqlite:///{tmp}/studies.db", cwd=tmp).stdout)
 
 
 def load(tmp: Path, name: str) -> optuna.Study:

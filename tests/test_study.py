@@ -16,7 +16,7 @@ import pytest
 import requests
 import yaml
 
-from autotune._net import free_port
+from autotune._net import free_port, wait_http_ok
 
 SCENARIO = "rtx6000-pcie-glm5"
 SMALL_LOAD = {"load": {"concurrency": 32, "num_prompts": 64, "input_len": 64, "output_len": 16, "warmup_prompts": 2}}
@@ -159,17 +159,7 @@ def test_exported_sh_profile_starts_the_best_server(tmp_path: Path) -> None:
     server = subprocess.Popen(["bash", "p.sh"], cwd=tmp_path, env={**os.environ, "PORT": str(port)},
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
-        status = None
-        while time.monotonic() < deadline:
-            try:
-                status = requests.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code
-            except requests.RequestException:
-                status = None
-            if status == 200:
-                break
-            time.sleep(0.2)
-        assert status == 200
+        assert wait_http_ok(f"http://127.0.0.1:{port}/health", 60, alive=lambda: server.poll() is None)
         info = requests.get(f"http://127.0.0.1:{port}/get_server_info", timeout=5).json()
         assert "0.92" in json.dumps(info)
     finally:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +33,7 @@ import pytest
 
 from autotune.engines import get_preset
 from autotune.space import UNSET, Parameter, ParamValue, SearchSpace
+from tests.needs import unavailable
 
 pytestmark = pytest.mark.engine
 
@@ -70,14 +70,8 @@ with open(request["out"], "w") as f:
 """
 
 
-def _ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
 def _require_sglang(why: str) -> None:
-    if _ci():
-        pytest.fail(f"CI is set but SGLang's parser cannot run: {why}")
-    pytest.skip(why)
+    unavailable(why)
 
 
 # -- argv rendering with the project's own code ------------------------------------------------

@@ -7,9 +7,7 @@ them, except under CI (env var CI set), where they are installed and their absen
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.needs import require_modules
+
 pytestmark = pytest.mark.engine
 
 ENGINE_MODULES = ("torch", "transformers", "tokenizers", "fastapi", "uvicorn", "openai")
@@ -25,13 +25,7 @@ STUDY_TIMEOUT_S = 150
 
 
 def _require_engine() -> None:
-    missing = [m for m in ENGINE_MODULES if importlib.util.find_spec(m) is None]
-    if not missing:
-        return
-    why = f"transformers serve needs {', '.join(missing)} (pip install torch 'transformers[serving]')"
-    if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
-        pytest.fail(f"CI is set but the real engine cannot run: {why}")
-    pytest.skip(why)
+    require_modules(ENGINE_MODULES, "transformers serve", "pip install torch 'transformers[serving]'")
 
 
 @pytest.fixture(scope="module")

