@@ -58,12 +58,20 @@ def study_start(
     name: Optional[str] = typer.Option(None, "--name", help="Override the study name."),
     storage: Optional[str] = typer.Option(None, "--storage", help="Override the storage URL."),
     trials: Optional[int] = typer.Option(None, "--trials", min=1, help="Override the trial budget."),
-    executor: str = typer.Option("serial", "--executor", help="serial (only one for now)."),
+    executor: Optional[str] = typer.Option(None, "--executor", help="serial (one trial at a time) or ray (one per slot)."),
+    address: Optional[str] = typer.Option(None, "--address", help="The Ray cluster (auto, HOST:PORT); default: start a local one."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Sampler seed."),
     baseline_from: Optional[str] = typer.Option(None, "--baseline-from", metavar="STUDY[@STORAGE]",
                                                 help="Use the best trial of another study as the baseline."),
+    detach: bool = typer.Option(False, "--detach", help="Run it in the background (a local daemon) and return."),
 ) -> None:
     """Start a study (or continue the one of the same name)."""
+    if detach:  # the same command, less --detach, as a daemon (autotune.service)
+        _start_detached(config, demo, name, storage, ([str(config.absolute())] if config is not None else [])
+                        + (["--demo"] if demo else [])
+                        + _options(name=name, storage=storage, trials=trials, executor=executor, address=address,
+                                   seed=seed, baseline_from=baseline_from))
+        return
     from autotune.demo import DEMO_CONFIG
 
     if demo == (config is not None):
@@ -82,10 +90,14 @@ def study_start(
         if m is None:
             raise UsageError(f"--baseline-from '{baseline_from}': expected STUDY or STUDY@STORAGE")
         overrides["baseline_from"] = {"study": m.group(1), "storage": m.group(2)}
+    if executor is not None:
+        overrides["executor"] = executor
+    if address is not None:
+        overrides["ray"] = {**cfg.ray.model_dump(), "address": address}
     if overrides:
         cfg = StudyConfig.from_mapping({**cfg.model_dump(), **overrides}, "command line")
-    if executor != "serial":
-        raise UsageError(f"--executor {executor}: only 'serial' is available in this version")
+    if address is not None and cfg.executor != "ray":
+        raise UsageError("--address is for the Ray executor: add --executor ray")
     check_storage(cfg.storage)  # before anything is created
     _run_study(cfg, trials)
 
@@ -101,6 +113,94 @@ def study_resume(name: str = NameArg, storage: str = StorageOpt,
     if not data:
         raise UsageError(f"study '{name}' was not started by autotune (no stored config)")
     _run_study(StudyConfig.from_mapping(_with_secrets(data, name) | {"storage": storage}, f"stored study {name}"), trials)
+
+
+def _options(**values: Any) -> list[str]:
+    """``--key=value`` for each value given (not None), ``key_name`` spelled ``--key-name``."""
+    return [f"--{k.replace('_', '-')}={v}" for k, v in values.items() if v is not None]
+
+
+def _start_detached(config: Optional[Path], demo: bool, name: Optional[str], storage: Optional[str],
+                    argv: list[str]) -> None:
+    """``study start --detach``: validate the config and its name/storage here (exit 2), then run
+    ``study start ARGV`` as a daemon and print its pid, log and the commands that follow it."""
+    import shlex
+
+    from autotune import service
+    from autotune.config import DEFAULT_STORAGE
+    from autotune.demo import DEMO_CONFIG
+
+    if demo == (config is not None):
+        raise UsageError("give a CONFIG file or --demo (not both)")
+    cfg = StudyConfig.from_mapping(DEMO_CONFIG, "demo") if demo else StudyConfig.load(config)  # type: ignore[arg-type]
+    overrides = {k: v for k, v in (("name", name), ("storage", storage)) if v is not None}
+    if overrides:
+        cfg = StudyConfig.from_mapping({**cfg.model_dump(), **overrides}, "command line")
+    check_storage(cfg.storage)
+    try:
+        info = service.detach(argv, cfg.name, cfg.storage, umask=_USER_UMASK)
+    except service.DaemonExitedError as exc:
+        _fail(str(exc), exc.code)
+    where = "" if cfg.storage == DEFAULT_STORAGE else f" --storage {shlex.quote(cfg.storage)}"
+    if info.exit_code is not None:
+        _out.print(f"study {cfg.name} ended at once (exit code {info.exit_code}): nothing left to run?", markup=False)
+    elif info.running:
+        _out.print(f"study {cfg.name} runs in the background: pid {info.pid}", markup=False)
+    else:
+        _out.print(f"study {cfg.name}: pid {info.pid} has not taken the study's lease after "
+                   f"{service.START_WAIT_S:.0f}s (still starting)", markup=False)
+    _out.print(f"log: {info.log}", markup=False, soft_wrap=True)
+    _out.print(f"pid file: {info.pid_file}", markup=False, soft_wrap=True)
+    _out.print(f"status: autotune study status {shlex.quote(cfg.name)}{where}", markup=False, soft_wrap=True)
+    _out.print(f"stop: autotune study stop {shlex.quote(cfg.name)}{where}", markup=False, soft_wrap=True)
+
+
+@study_app.command("status")
+def study_status(name: str = NameArg, storage: str = StorageOpt, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Who runs a study, its running trials and their phases, its best value and slots."""
+    from autotune import service
+    from autotune.study_view import load_study
+
+    doc = service.study_status(load_study(name, storage), storage)
+    if as_json:
+        _print_json(doc)
+        return
+    for line in service.status_lines(doc):
+        _out.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+@study_app.command("stop")
+def study_stop(name: str = NameArg, storage: str = StorageOpt,
+               timeout: float = typer.Option(120.0, "--timeout", min=0,
+                                             help="Seconds to wait for the driver to stop.")) -> None:
+    """Ask a study's driver to stop (running trials torn down, run again on resume) and wait."""
+    from autotune import service
+    from autotune.study_view import load_study
+
+    study = load_study(name, storage)
+    rdb = open_storage(storage)
+    owner = service.lease_owner(rdb, name)
+    if owner is None or not service.is_alive(owner):
+        _out.print(f"study {name} is not running", markup=False)
+        return
+    asked = service.request_stop(study, owner)
+    done = service.signal_owner(owner)
+    _err.print(f"stop requested for study {name} (pid {owner.pid} on {owner.host}): {done}; "
+               f"waiting up to {timeout:.0f}s for its running trials' teardown", markup=False, soft_wrap=True)
+
+    def progress(elapsed: float) -> None:
+        running = [t for t in study.get_trials(deepcopy=False) if t.state.name == "RUNNING"]
+        phases = ", ".join(f"trial {t.number} {t.user_attrs.get('phase', 'starting')}" for t in running)
+        _err.print(f"  still running after {elapsed:.0f}s{': ' + phases if phases else ''}", markup=False,
+                   soft_wrap=True)
+
+    if not service.wait_stopped(rdb, name, owner, timeout, progress):
+        _fail(f"study {name}: its driver (pid {owner.pid} on {owner.host}) still runs after {timeout:.0f}s; "
+              "it stops after its running trials' teardown (run `autotune study stop` again to wait more)", 1)
+    numbers = service.interrupted_since(study, float(asked["at"]))
+    which = f" ({', '.join(str(n) for n in numbers)})" if numbers else ""
+    _out.print(f"study {name} stopped: {len(numbers)} trial(s) interrupted{which}, to run again on "
+               f"`autotune study resume {name}`", markup=False, soft_wrap=True)
 
 
 def _with_secrets(data: dict[str, Any], name: str) -> dict[str, Any]:
@@ -122,13 +222,11 @@ def _with_secrets(data: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def _run_study(cfg: StudyConfig, trials: int | None) -> None:
-    from autotune.driver import Driver, HostBrokenError, artifact_dir, make_hosts
-    from autotune.engines import get_preset
-    from autotune.executors import SerialExecutor
-    from autotune.hosts import LocalHost
+    from autotune.driver import Driver, HostBrokenError, artifact_dir
+    from autotune.executors import Executor, SerialExecutor, make_hosts, make_runner
     from autotune.objective import Objective
     from autotune.progress import ConsoleReporter
-    from autotune.runner import TrialRunner
+    from autotune.slots import host_slots
     from autotune.space import SearchSpace
     from autotune.stopping import StopRequest
 
@@ -139,33 +237,24 @@ def _run_study(cfg: StudyConfig, trials: int | None) -> None:
     space.complete(cfg.baseline)  # validate the baseline before anything runs
     if preset_needs_benchmark(cfg.target.engine) and objective.benchmark is None:
         raise UsageError(f"engine '{cfg.target.engine}' runs no server: the objective needs a 'benchmark' command")
-    preset = get_preset(cfg.target.engine)
     stop = StopRequest()
-    hosts = make_hosts(cfg.target, child_umask=_USER_UMASK)
-    host = hosts[cfg.target.hosts[0]]  # the serial executor runs every trial on the first host
-    runner = TrialRunner(
-        host,
-        preset,
-        objective,
-        log_dir=artifact_dir(cfg.storage) / "logs" / cfg.name,
-        template=cfg.target.command,
-        fields={"scenario": cfg.target.scenario or "", "model": cfg.target.model or "",
-                # transformers serve pins its model: requests must name it as the command does.
-                "served_model_name": cfg.target.model if cfg.target.engine == "transformers" else ""},
-        fixed_env=cfg.target.env,
-        ready_timeout_s=cfg.target.ready_timeout_s,
-        log_stall_s=cfg.target.log_stall_s,
-        ready_path=cfg.target.ready_path,
-        api=cfg.target.api,
-        port=cfg.target.port,
-        stop=stop,
-        secrets=cfg.target.secrets,
-        public=space.applied_names(),
-        bench_host=LocalHost(child_umask=_USER_UMASK) if host.remote else None,
-    )
+    log_dir = artifact_dir(cfg.storage) / "logs" / cfg.name
+    public = space.applied_names()
+    target = cfg.target
+    hosts = make_hosts(target, child_umask=_USER_UMASK)
+    executor: Executor
+    if cfg.executor == "ray":
+        from autotune.ray_executor import RayExecutor
+
+        executor = RayExecutor(cfg, log_dir=log_dir, public=public, child_umask=_USER_UMASK,
+                               address=cfg.ray.address, schedule_timeout_s=cfg.ray.schedule_timeout_s)
+    else:
+        slots = host_slots(target.hosts, host_gpus=target.host_gpus, gpus_per_trial=target.gpus_per_trial)
+        runners = {s.name: make_runner(cfg, hosts[s.host], s, stop=stop, log_dir=log_dir, public=public,
+                                       child_umask=_USER_UMASK) for s in slots}
+        executor = SerialExecutor(runners, slots)
     reporter = ConsoleReporter(_err, metric=objective.metric)
-    driver = Driver(cfg, space, objective, SerialExecutor(runner), reporter=reporter, trials=trials, stop=stop,
-                    hosts=hosts)
+    driver = Driver(cfg, space, objective, executor, reporter=reporter, trials=trials, stop=stop, hosts=hosts)
     try:
         run = driver.run()
     except HostBrokenError as exc:
@@ -178,6 +267,7 @@ def _run_study(cfg: StudyConfig, trials: int | None) -> None:
                    f"`autotune study resume {cfg.name}` continues", style="red", markup=False)
         raise typer.Exit(1) from None
     finally:
+        executor.close()
         for h in driver.hosts.values():
             h.close()
     if stop.requested:

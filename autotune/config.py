@@ -10,7 +10,11 @@ Example::
       env: {NCCL_IB_DISABLE: "1"} # fixed env
       hosts: [local]              # or ["ssh://user@gpu1:22"] (see docs/distributed.md)
       ssh: {key_filename: ~/.ssh/id_ed25519, workdir: /srv/tune, setup: "source /opt/venv/bin/activate"}
+      gpus_per_trial: 4           # optional: a trial's GPUs (its TP size) ...
+      host_gpus: 8                # ... and each host's: two trials at once per host (opt-in)
       ready_timeout_s: 600
+    executor: serial              # serial | ray (one trial per slot at once)
+    ray: {address: auto}          # the Ray cluster (default: start a local one)
     space: sglang_nccl            # a built-in name or a path
     objective: throughput         # a built-in name or a path
     baseline: {mem_fraction_static: 0.92, NCCL_MIN_NCHANNELS: 8}
@@ -113,6 +117,8 @@ class TargetConfig(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     hosts: list[str] = Field(default_factory=lambda: ["local"], min_length=1)
     ssh: SSHConfig | None = None
+    gpus_per_trial: int | None = Field(default=None, ge=1, le=1024)
+    host_gpus: int | None = Field(default=None, ge=1, le=1024)
     ready_timeout_s: float = Field(default=600.0, gt=0)
     startup_timeout_factor: float = Field(default=3.0, ge=1)
     startup_timeout_floor_s: float = Field(default=120.0, gt=0)
@@ -195,6 +201,10 @@ class TargetConfig(BaseModel):
             raise ValueError("engine 'none' runs the objective's benchmark command; it takes no 'command'")
         if self.engine == "none" and any(h != "local" for h in self.hosts):
             raise ValueError("engine 'none' runs its benchmark command on this machine: hosts must be [local]")
+        if self.host_gpus is not None and self.gpus_per_trial is None:
+            raise ValueError("host_gpus needs gpus_per_trial (the GPUs one trial uses, its TP size)")
+        if self.host_gpus is not None and self.gpus_per_trial is not None and self.gpus_per_trial > self.host_gpus:
+            raise ValueError(f"gpus_per_trial {self.gpus_per_trial} is more than host_gpus {self.host_gpus}")
         return self
 
 
@@ -212,6 +222,21 @@ def _check_scenario(scenario: str) -> None:
         load_scenario(scenario)
     except ScenarioError as exc:
         raise ValueError(str(exc)) from None
+
+
+class RayConfig(BaseModel):
+    """The Ray executor: which cluster, and how long a trial may wait for its slot.
+
+    ``address``: a running cluster (``auto``, ``HOST:PORT``); None starts a local one whose only
+    node offers the slots of ``target.hosts``. ``schedule_timeout_s``: a trial that has not
+    started on its slot by then (no node offers the slot's resource any more) is a
+    ``slot-unavailable`` fault and the slot is quarantined.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    address: str | None = Field(default=None, min_length=1)
+    schedule_timeout_s: float = Field(default=120.0, gt=0)
 
 
 class BudgetConfig(BaseModel):
@@ -249,6 +274,9 @@ class StudyConfig(BaseModel):
     sampler: Literal["tpe", "gp", "random"] = "tpe"
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     max_fault_retries: int = Field(default=2, ge=0, le=100)
+    executor: Literal["serial", "ray"] = "serial"
+    ray: RayConfig = Field(default_factory=RayConfig)
+    quarantine_after: int = Field(default=3, ge=1, le=100)
 
     @classmethod
     def load(cls, path: str | Path) -> StudyConfig:

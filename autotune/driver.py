@@ -34,48 +34,53 @@ import datetime
 import json
 import shlex
 import shutil
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Mapping, Protocol
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.trial import TrialState
 
-from autotune.config import StudyConfig, TargetConfig
+from autotune.config import StudyConfig
 from autotune.errors import UsageError
+from autotune.executors import Executor, ssh_options
 from autotune.hosts import MIN_FREE_BYTES, Host, HostFault, kill_stale_local_server, make_host
 from autotune.lease import StudyLease
 from autotune.objective import Objective
 from autotune.runner import TrialResult, TrialSpec
 from autotune.secrets import Redactor
+from autotune.slots import SLOT_GONE_FAULTS, Slot, SlotPool
 from autotune.space import SearchSpace
 from autotune.stopping import StopRequest, handle_signals
 from autotune.storage import check_storage, open_storage
 from autotune.study_view import best_view
 
 FAILURE_CONSTRAINT = "failure"
-MAX_FAULTS_IN_A_ROW = 3
+WAIT_S = 1.0
+"""How long the driver waits for a trial to finish before it looks at the study again."""
+SLOTS_ATTR = "slots"
+"""Study user attr: each slot with its health (``SlotPool.report``), for `study status`."""
+STOP_ATTR = "stop_requested"
+"""Study user attr ``{"by", "owner", "at"}`` written by `autotune study stop`: the driver whose
+lease owner id is ``owner`` stops as on a signal (running trials torn down and recorded as
+interrupted); any other driver (a later one) ignores it."""
 HOST_REFUSED_FAULTS = frozenset({"host-key-unknown", "host-key-mismatch", "auth-failed"})
 """Faults that no retry can mend (the host refused us): the study stops at the first one."""
 SERVERS_LEFT = "servers_left"
 """Study user attr: ``[{"host", "tag", "trial"}]``, servers a teardown could not reach."""
 
 
-class Executor(Protocol):
-    """Runs one trial somewhere and returns its plain result."""
-
-    def run(self, spec: TrialSpec, on_phase: Callable[[str, str], None]) -> TrialResult: ...
-
-
 class Reporter(Protocol):
     """Receives progress events (a live display, or plain lines when not on a terminal)."""
 
     def study_started(self, name: str, done: int, budget: int | None) -> None: ...
-    def trial_started(self, number: int, params: dict[str, Any], baseline: bool) -> None: ...
+    def trial_started(self, number: int, params: dict[str, Any], baseline: bool, slot: str = "") -> None: ...
     def phase(self, number: int, phase: str, detail: str) -> None: ...
     def trial_finished(self, result: TrialResult, value: float | None, best: float | None) -> None: ...
+    def slot_quarantined(self, slot: str, reason: str) -> None: ...
     def study_finished(self, study: optuna.Study, reason: str) -> None: ...
 
 
@@ -83,14 +88,26 @@ class QuietReporter:
     """A reporter that shows nothing."""
 
     def study_started(self, name: str, done: int, budget: int | None) -> None: ...
-    def trial_started(self, number: int, params: dict[str, Any], baseline: bool) -> None: ...
+    def trial_started(self, number: int, params: dict[str, Any], baseline: bool, slot: str = "") -> None: ...
     def phase(self, number: int, phase: str, detail: str) -> None: ...
     def trial_finished(self, result: TrialResult, value: float | None, best: float | None) -> None: ...
+    def slot_quarantined(self, slot: str, reason: str) -> None: ...
     def study_finished(self, study: optuna.Study, reason: str) -> None: ...
 
 
 class HostBrokenError(RuntimeError):
-    """Several infrastructure faults in a row: the study stops rather than burn its budget."""
+    """No healthy slot is left (each quarantined after faults): the study stops rather than burn
+    its budget."""
+
+
+@dataclass
+class _InFlight:
+    """A trial submitted to the executor and not yet told."""
+
+    trial: optuna.Trial
+    slot: Slot
+    applied: dict[str, Any]
+    baseline: bool
 
 
 class StudyMismatchError(UsageError):
@@ -126,32 +143,16 @@ def derived_seed(seed: int | None, trials_so_far: int) -> int | None:
     return (seed * 1_000_003 + trials_so_far * 7_919) % 2**32
 
 
-def make_sampler(kind: str, seed: int | None) -> optuna.samplers.BaseSampler:
-    """The sampler for a config's ``sampler`` key."""
+def make_sampler(kind: str, seed: int | None, *, parallel: bool = False) -> optuna.samplers.BaseSampler:
+    """The sampler for a config's ``sampler`` key. ``parallel``: several trials run at once, so
+    TPE treats the running ones as bad (constant liar) and does not propose one point N times."""
     if kind == "gp":
         return optuna.samplers.GPSampler(seed=seed)
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True)
-
-
-def make_hosts(target: TargetConfig, *, child_umask: int | None = None) -> dict[str, Host]:
-    """One host object per distinct entry of ``target.hosts``, by name, in order.
-
-    ``child_umask``: the umask of servers launched locally (None: ours).
-    """
-    return {spec: make_host(spec, child_umask=child_umask,
-                            ssh=ssh_options(target) if spec.startswith("ssh://") else None)
-            for spec in target.hosts}
-
-
-def ssh_options(target: TargetConfig) -> Any:
-    """``target.ssh`` as the :class:`~autotune.sshhost.SSHOptions` an SSH host takes."""
-    from autotune.sshhost import SSHOptions
-
-    return SSHOptions(**target.ssh.model_dump()) if target.ssh is not None else SSHOptions()
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True, constant_liar=parallel)
 
 
 def startup_timeout(startups: list[float], *, cap_s: float, factor: float, floor_s: float) -> tuple[float, str]:
@@ -214,6 +215,8 @@ class Driver:
         self.constraint_keys = [FAILURE_CONSTRAINT] + [f"slo:{c}" for c in objective.constraints]
         self.stop = stop or StopRequest()
         self.lease: StudyLease | None = None
+        self.pool = SlotPool(executor.slots(), quarantine_after=config.quarantine_after)
+        self._broken_reasons: set[str] = set()
 
     # -- setup ------------------------------------------------------------------------------
     def open_study(self) -> optuna.Study:
@@ -238,7 +241,8 @@ class Driver:
             load_if_exists=True,
         )
         self._check_same_study(study)
-        study.sampler = make_sampler(self.config.sampler, derived_seed(self.config.seed, len(study.trials)))
+        study.sampler = make_sampler(self.config.sampler, derived_seed(self.config.seed, len(study.trials)),
+                                     parallel=len(self.pool.slots) > 1)
         if "config" not in study.user_attrs:
             study.set_user_attr("config", self._stored_config())
             study.set_user_attr("objective", {"name": self.objective.name, "metric": self.objective.metric,
@@ -388,71 +392,150 @@ class Driver:
     def _loop(self, study: optuna.Study) -> StudyRun:
         run = StudyRun(study)
         self.reporter.study_started(study.study_name, len(finished_trials(study)), self.budget_trials)
-        faults_in_a_row = 0
+        running: dict[int, _InFlight] = {}
+        self._write_slots(study)
         while True:
             if self._left:
                 self._retry_servers_left(study)
-            reason = self._budget_spent(study) or self._must_stop()
-            if reason:
-                run.reason = reason
-                break
-            trial = study.ask()
-            assert self.lease is not None
-            trial.set_user_attr("owner", self.lease.me.id)
-            params = self.space.suggest(trial)
-            launch = self.space.to_launch(params)
-            is_baseline = bool(trial.user_attrs.get("baseline"))
-            self.reporter.trial_started(trial.number, launch.applied, is_baseline)
-            target = self.config.target
-            timeout, why = startup_timeout(
-                [float(t.user_attrs["startup_s"]) for t in study.get_trials(deepcopy=False)
-                 if t.user_attrs.get("startup_s") is not None],
-                cap_s=target.ready_timeout_s, factor=target.startup_timeout_factor, floor_s=target.startup_timeout_floor_s)
-            spec = TrialSpec(trial.number, env=launch.env, args=launch.args, ready_timeout_s=timeout,
-                             ready_timeout_reason=why)
-
-            def on_phase(phase: str, detail: str, trial: optuna.Trial = trial) -> None:
-                if phase == "launched":
-                    info = json.loads(detail)
-                    trial.set_user_attr("server_pgid", info.get("pgid"))
-                    trial.set_user_attr("server_tag", info.get("tag"))
-                    trial.set_user_attr("argv", info.get("argv"))
-                    trial.set_user_attr("host", info.get("host", "local"))
-                    return
-                self.reporter.phase(trial.number, phase, detail)
-
-            result = self.executor.run(spec, on_phase)
-            value = self._tell(study, trial, launch.applied, result)
-            run.trials_run += 1
-            run.results.append(result)
-            best = best_view(study)
-            self.reporter.trial_finished(result, value, None if best is None else best.value)
-            kind = result.failure.kind if result.failure else None
-            if kind == "interrupted":
-                # Not the trial's fault and not the host's: run the same parameters again later.
-                study.enqueue_trial(dict(trial.params), user_attrs={"retry_of": trial.number,
-                                                                     **({"baseline": True} if is_baseline else {})})
-            elif result.outcome == "fault":
-                faults_in_a_row += 1
-                retries = int(trial.user_attrs.get("fault_retries", 0))
-                if retries < self.config.max_fault_retries:
-                    study.enqueue_trial(dict(trial.params), user_attrs={"fault_retries": retries + 1, "retry_of": trial.number,
-                                                                         **({"baseline": True} if is_baseline else {})})
-                msg = result.failure.message if result.failure else ""
-                if kind in HOST_REFUSED_FAULTS:
-                    run.reason = f"stopped: {kind}: {msg}"
-                elif faults_in_a_row >= MAX_FAULTS_IN_A_ROW:
-                    run.reason = f"stopped: {faults_in_a_row} infrastructure faults in a row ({kind or 'fault'}: {msg})"
+            if not run.reason:
+                run.reason = self._must_stop(study) or (self._budget_spent(study) if not running else "")
+            if self.stop.requested and running:
+                self.executor.request_stop(self.stop.reason, self.stop.hurry)
+            while not run.reason and self._room(study, len(running)):
+                slot = self.pool.choose()
+                if slot is None:
+                    break
+                flight = self._submit(study, slot)
+                running[flight.trial.number] = flight
+            if not running:
                 if run.reason:
-                    self.reporter.study_finished(study, run.reason)
-                    raise HostBrokenError(run.reason)
-            else:
-                faults_in_a_row = 0
+                    break
+                run.reason = self._budget_spent(study)
+                if run.reason:
+                    break
+                if not self.pool.free():  # cannot happen: the last quarantine stops the study
+                    run.reason = "stopped: no healthy slot left"
+                    self._broken_reasons.add(run.reason)
+                    break
+                continue
+            for done in self.executor.wait(WAIT_S):
+                flight = running.pop(done.number)
+                self.pool.release(done.slot)
+                broken = self._finish(study, flight, done.result, run)
+                self._write_slots(study)
+                if broken and not running:
+                    self._write_slots(study)
+                    self.reporter.study_finished(study, broken)
+                    run.reason = broken
+                    raise HostBrokenError(broken)
+                if broken:
+                    run.reason = run.reason or broken
+        self._write_slots(study)
+        if run.reason in self._broken_reasons:
+            self.reporter.study_finished(study, run.reason)
+            raise HostBrokenError(run.reason)
         self.reporter.study_finished(study, run.reason)
         return run
 
-    def _must_stop(self) -> str:
-        """Why the study must stop before the next trial: a signal, a lost lease, a full disk."""
+    def _room(self, study: optuna.Study, in_flight: int) -> bool:
+        """Whether the budget leaves room for one more trial beside ``in_flight`` running ones."""
+        if self.budget_trials is not None and len(finished_trials(study)) + in_flight >= self.budget_trials:
+            return False
+        return not (in_flight and self._budget_spent(study))
+
+    def _submit(self, study: optuna.Study, first_free: Slot) -> _InFlight:
+        """Ask a trial, choose its slot (a retry avoids the slot that faulted), and submit it."""
+        trial = study.ask()
+        assert self.lease is not None
+        trial.set_user_attr("owner", self.lease.me.id)
+        slot = self.pool.choose(avoid=trial.user_attrs.get("avoid_slot")) or first_free
+        self.pool.take(slot)
+        trial.set_user_attr("slot", slot.name)
+        if slot.gpus is not None:
+            trial.set_user_attr("gpus", list(slot.gpus))
+        params = self.space.suggest(trial)
+        launch = self.space.to_launch(params)
+        is_baseline = bool(trial.user_attrs.get("baseline"))
+        self.reporter.trial_started(trial.number, launch.applied, is_baseline, slot.name)
+        target = self.config.target
+        timeout, why = startup_timeout(
+            [float(t.user_attrs["startup_s"]) for t in study.get_trials(deepcopy=False)
+             if t.user_attrs.get("startup_s") is not None],
+            cap_s=target.ready_timeout_s, factor=target.startup_timeout_factor, floor_s=target.startup_timeout_floor_s)
+        spec = TrialSpec(trial.number, env=launch.env, args=launch.args, ready_timeout_s=timeout,
+                         ready_timeout_reason=why)
+        last = {"phase": ""}
+
+        def on_phase(phase: str, detail: str, trial: optuna.Trial = trial) -> None:
+            if phase == "launched":
+                info = json.loads(detail)
+                trial.set_user_attr("server_pgid", info.get("pgid"))
+                trial.set_user_attr("server_tag", info.get("tag"))
+                trial.set_user_attr("argv", info.get("argv"))
+                trial.set_user_attr("host", info.get("host", "local"))
+                return
+            if phase == "started":
+                trial.set_user_attr("node", json.loads(detail).get("ip"))
+                return
+            if phase != last["phase"]:
+                last["phase"] = phase
+                trial.set_user_attr("phase", phase)
+                trial.set_user_attr("phase_since", time.time())
+            self.reporter.phase(trial.number, phase, detail)
+
+        self.executor.submit(spec, slot, on_phase)
+        return _InFlight(trial, slot, launch.applied, is_baseline)
+
+    def _finish(self, study: optuna.Study, flight: _InFlight, result: TrialResult, run: StudyRun) -> str:
+        """Tell a finished trial, retry a fault elsewhere, keep the slot's health; returns why the
+        study must stop (no healthy slot left), else ""."""
+        trial, slot, is_baseline = flight.trial, flight.slot, flight.baseline
+        value = self._tell(study, trial, flight.applied, result)
+        run.trials_run += 1
+        run.results.append(result)
+        best = best_view(study)
+        self.reporter.trial_finished(result, value, None if best is None else best.value)
+        kind = result.failure.kind if result.failure else None
+        msg = result.failure.message if result.failure else ""
+        base = {"baseline": True} if is_baseline else {}
+        if kind == "interrupted":
+            # Not the trial's fault and not the host's: run the same parameters again later.
+            study.enqueue_trial(dict(trial.params), user_attrs={"retry_of": trial.number, **base})
+        elif result.outcome == "fault":
+            retries = int(trial.user_attrs.get("fault_retries", 0))
+            if retries < self.config.max_fault_retries:
+                study.enqueue_trial(dict(trial.params), user_attrs={"fault_retries": retries + 1, "retry_of": trial.number,
+                                                                     "avoid_slot": slot.name, **base})
+        quarantined = self.pool.record(slot, result.outcome, kind, msg)
+        if result.outcome == "fault" and kind in HOST_REFUSED_FAULTS and not quarantined:
+            quarantined = f"{kind}: {msg}"
+            self.pool.quarantine(slot, quarantined)
+        elif quarantined and kind not in SLOT_GONE_FAULTS:
+            quarantined = quarantined.replace(" faults in a row", " infrastructure faults in a row", 1)
+            self.pool.quarantine(slot, quarantined)
+        if not quarantined:
+            return ""
+        self.reporter.slot_quarantined(slot.name, quarantined)
+        if self.pool.healthy():
+            return ""
+        if len(self.pool.slots) == 1:
+            reason = f"stopped: {quarantined}"
+        else:
+            reason = f"stopped: no healthy slot left (last quarantined: {slot.name}: {quarantined})"
+        self._broken_reasons.add(reason)
+        return reason
+
+    def _write_slots(self, study: optuna.Study) -> None:
+        """The slots and their health, for `study status`."""
+        study.set_user_attr(SLOTS_ATTR, self.pool.report())
+
+    def _must_stop(self, study: optuna.Study | None = None) -> str:
+        """Why the study must stop before the next trial: a signal or `study stop`, a lost lease,
+        a full disk."""
+        if study is not None and not self.stop.requested:
+            asked = study.user_attrs.get(STOP_ATTR)
+            if isinstance(asked, dict) and self.lease is not None and asked.get("owner") == self.lease.me.id:
+                self.stop.request(f"stopped by `autotune study stop` ({asked.get('by', '')})")
         if self.stop.requested:
             return f"interrupted: {self.stop.reason}; `autotune study resume {self.config.name}` continues"
         if self.lease is not None and self.lease.lost:

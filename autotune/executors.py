@@ -1,17 +1,142 @@
-"""Executors: where the driver's trials run. ``SerialExecutor`` runs them one at a time here."""
+"""Executors: where the driver's trials run.
+
+An executor offers slots (:mod:`autotune.slots`) and runs one trial per slot at a time. The
+driver :meth:`~Executor.submit`\\ s a trial to a free slot and collects results with
+:meth:`~Executor.wait`; phases of running trials reach the driver's ``on_phase`` callbacks from
+within ``wait``, in the driver's thread, so only the driver writes the storage.
+
+``SerialExecutor`` runs the trial here, in ``wait``, on the first healthy slot the driver gives
+it (one at a time). ``RayExecutor`` (:mod:`autotune.ray_executor`) runs each trial as a Ray task on
+the node that owns its slot.
+"""
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol
 
+from autotune.config import StudyConfig, TargetConfig
+from autotune.engines import get_preset
+from autotune.hosts import Host, LocalHost, make_host
+from autotune.objective import Objective
 from autotune.runner import TrialResult, TrialRunner, TrialSpec
+from autotune.slots import Slot
+from autotune.stopping import StopRequest
+
+PhaseCallback = Callable[[str, str], None]
+
+
+@dataclass
+class Finished:
+    """A trial that came back: its number, the slot it ran on, and its result."""
+
+    number: int
+    slot: Slot
+    result: TrialResult
+
+
+class Executor(Protocol):
+    """Runs trials on slots and returns their plain results."""
+
+    def slots(self) -> list[Slot]:
+        """The slots trials may run on, in order of preference."""
+        ...
+
+    def submit(self, spec: TrialSpec, slot: Slot, on_phase: PhaseCallback) -> None:
+        """Start ``spec`` on ``slot`` (free: the driver runs one trial per slot)."""
+        ...
+
+    def wait(self, timeout_s: float) -> list[Finished]:
+        """The trials that finished within ``timeout_s`` (maybe none); relays phases meanwhile."""
+        ...
+
+    def request_stop(self, reason: str, hurry: bool = False) -> None:
+        """Ask every running trial to stop (torn down, ``fault``/``interrupted``); ``hurry``: skip
+        the teardown grace period. Calling it again with the same arguments does nothing more."""
+        ...
+
+    def close(self) -> None:
+        """Release what the executor holds (connections, a cluster it started)."""
+        ...
+
+
+def make_runner(cfg: StudyConfig, host: Host, slot: Slot, *, stop: StopRequest, log_dir: Path,
+                public: tuple[str, ...] | list[str] = (), child_umask: int | None = None) -> TrialRunner:
+    """The runner of ``cfg``'s target on ``host``, with ``slot``'s environment (its GPUs)."""
+    objective = Objective.load_file(cfg.objective, cfg.objective_overrides)
+    target = cfg.target
+    return TrialRunner(
+        host,
+        get_preset(target.engine),
+        objective,
+        log_dir=log_dir,
+        template=target.command,
+        fields={"scenario": target.scenario or "", "model": target.model or "",
+                # transformers serve pins its model: requests must name it as the command does.
+                "served_model_name": target.model if target.engine == "transformers" else ""},
+        fixed_env={**target.env, **slot.env()},
+        ready_timeout_s=target.ready_timeout_s,
+        log_stall_s=target.log_stall_s,
+        ready_path=target.ready_path,
+        api=target.api,
+        port=target.port,
+        stop=stop,
+        secrets=target.secrets,
+        public=public,
+        bench_host=LocalHost(child_umask=child_umask) if host.remote else None,
+    )
+
+
+def make_hosts(target: TargetConfig, *, child_umask: int | None = None) -> dict[str, Host]:
+    """One host object per distinct entry of ``target.hosts``, by name, in order.
+
+    ``child_umask``: the umask of servers launched locally (None: ours).
+    """
+    return {spec: make_host(spec, child_umask=child_umask,
+                            ssh=ssh_options(target) if spec.startswith("ssh://") else None)
+            for spec in target.hosts}
+
+
+def ssh_options(target: TargetConfig) -> Any:
+    """``target.ssh`` as the :class:`~autotune.sshhost.SSHOptions` an SSH host takes."""
+    from autotune.sshhost import SSHOptions
+
+    return SSHOptions(**target.ssh.model_dump()) if target.ssh is not None else SSHOptions()
 
 
 class SerialExecutor:
-    """Runs each trial with one :class:`~autotune.runner.TrialRunner`, in this process."""
+    """Runs one trial at a time, in this process, with the runner of its slot.
 
-    def __init__(self, runner: TrialRunner) -> None:
-        self.runner = runner
+    ``runners``: a runner per slot name; ``slot_list``: the slots, in order (the driver gives the
+    first healthy one). ``submit`` only records the trial; ``wait`` runs it to the end.
+    """
 
-    def run(self, spec: TrialSpec, on_phase: Callable[[str, str], None]) -> TrialResult:
-        return self.runner.run(spec, on_phase)
+    def __init__(self, runners: Mapping[str, TrialRunner], slot_list: list[Slot]) -> None:
+        self.runners = dict(runners)
+        self.slot_list = list(slot_list)
+        self._pending: tuple[TrialSpec, Slot, PhaseCallback] | None = None
+
+    def slots(self) -> list[Slot]:
+        return list(self.slot_list)
+
+    def submit(self, spec: TrialSpec, slot: Slot, on_phase: PhaseCallback) -> None:
+        assert self._pending is None, "the serial executor runs one trial at a time"
+        self._pending = (spec, slot, on_phase)
+
+    def wait(self, timeout_s: float) -> list[Finished]:
+        if self._pending is None:
+            return []
+        spec, slot, on_phase = self._pending
+        self._pending = None
+        return [Finished(spec.number, slot, self.runners[slot.name].run(spec, on_phase))]
+
+    def request_stop(self, reason: str, hurry: bool = False) -> None:
+        for runner in self.runners.values():
+            if not runner.stop.requested:
+                runner.stop.request(reason)
+            if hurry and not runner.stop.hurry:
+                runner.stop.request(reason)
+
+    def close(self) -> None:
+        pass

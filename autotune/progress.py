@@ -8,6 +8,7 @@ such as ``[/x]`` or ``[bold]`` is shown as written and cannot break the display.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -27,16 +28,13 @@ class ConsoleReporter:
         self.console = console or Console(stderr=True)
         self.metric = metric
         self.live: Live | None = None
-        self.number = -1
-        self.phase_name = ""
-        self.detail = ""
-        self.trial_start = 0.0
+        self.running: dict[int, _Running] = {}
+        """The trials in flight (several with a parallel executor), by number."""
         self.study_start = time.monotonic()
         self.best: float | None = None
         self.done = 0
         self.budget: int | None = None
         self.name = ""
-        self._last_plain = ""
 
     # -- Reporter protocol ----------------------------------------------------------------
     def study_started(self, name: str, done: int, budget: int | None) -> None:
@@ -48,25 +46,28 @@ class ConsoleReporter:
             self.live = Live(self._status(), console=self.console, refresh_per_second=4, transient=True)
             self.live.start()
 
-    def trial_started(self, number: int, params: dict[str, Any], baseline: bool) -> None:
-        self.number = number
-        self.trial_start = time.monotonic()
+    def trial_started(self, number: int, params: dict[str, Any], baseline: bool, slot: str = "") -> None:
+        self.running[number] = _Running(time.monotonic(), slot)
         tag = " (baseline)" if baseline else ""
+        where = f" on {slot}" if slot and slot != "local" else ""
         shown = " ".join(f"{k}={v}" for k, v in params.items() if v != "unset")
-        self.console.print(Text(f"trial {number}{tag}: {shown}", style="dim"))
+        self.console.print(Text(f"trial {number}{tag}{where}: {shown}", style="dim"))
         self.phase(number, "launching", "")
 
     def phase(self, number: int, phase: str, detail: str) -> None:
-        self.phase_name, self.detail = phase, detail
+        run = self.running.get(number)
+        if run is None:
+            run = self.running[number] = _Running(time.monotonic(), "")
+        changed = phase != run.phase
+        run.phase, run.detail = phase, detail
         if self.live is not None:
             self.live.update(self._status())
-        elif phase != self._last_plain:
-            self._last_plain = phase
-            self.console.print(Text(f"  trial {number}: {phase} ({time.monotonic() - self.trial_start:.1f}s)"))
+        elif changed:
+            self.console.print(Text(f"  trial {number}: {phase} ({time.monotonic() - run.start:.1f}s)"))
 
     def trial_finished(self, result: TrialResult, value: float | None, best: float | None) -> None:
         self.best = best
-        self._last_plain = ""
+        self.running.pop(result.number, None)
         if result.outcome != "fault":
             self.done += 1
         took = f"{result.duration_s:.1f}s"
@@ -81,6 +82,9 @@ class ConsoleReporter:
         if self.live is not None:
             self.live.update(self._status())
 
+    def slot_quarantined(self, slot: str, reason: str) -> None:
+        self.console.print(Text.assemble(("slot quarantined", "red"), f": {slot}: {reason}"))
+
     def study_finished(self, study: optuna.Study, reason: str) -> None:
         if self.live is not None:
             self.live.stop()
@@ -92,15 +96,24 @@ class ConsoleReporter:
 
     # -- rendering ------------------------------------------------------------------------
     def _status(self) -> Text:
-        elapsed = time.monotonic() - self.trial_start if self.number >= 0 else 0.0
         budget = "" if self.budget is None else f"/{self.budget}"
         best = "none yet" if self.best is None else f"{self.best:.4g}"
-        return Text.assemble(
-            (f"{self.name} ", "bold"),
-            f"trial {self.number} ({self.done}{budget} done)  ",
-            (f"{self.phase_name}", "cyan"),
-            f" {self.detail}  {elapsed:.1f}s  best {self.metric}: {best}  total {time.monotonic() - self.study_start:.0f}s",
-        )
+        now = time.monotonic()
+        parts: list[str | tuple[str, str]] = [(f"{self.name} ", "bold"), f"{self.done}{budget} done  "]
+        for number, run in sorted(self.running.items()):
+            parts += [f"trial {number} ", (run.phase, "cyan"), f" {run.detail}  {now - run.start:.1f}s  "]
+        parts.append(f"best {self.metric}: {best}  total {now - self.study_start:.0f}s")
+        return Text.assemble(*parts)
+
+
+@dataclass
+class _Running:
+    """A trial in flight as the console shows it."""
+
+    start: float
+    slot: str
+    phase: str = ""
+    detail: str = ""
 
 
 def summary_table(views: list[TrialView], metric: str, maximize: bool = True) -> Table:

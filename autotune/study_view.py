@@ -36,6 +36,8 @@ class TrialView:
     """Env keys whose stored value is a secret's reference ``${KEY}`` (see :mod:`autotune.secrets`)."""
     secret_args: dict[int, str] = field(default_factory=dict)
     """``argv``/``argv_template`` index -> name of the secret referred to there."""
+    slot: str | None = None
+    """The slot the trial ran on (see :mod:`autotune.slots`); None for trials of older versions."""
 
     @property
     def failure_kind(self) -> str | None:
@@ -53,6 +55,7 @@ class TrialView:
             "duration_s": self.duration_s,
             "baseline": self.baseline,
             "startup_s": self.startup_s,
+            "slot": self.slot,
         }
 
 
@@ -105,6 +108,7 @@ def view(t: FrozenTrial) -> TrialView:
         startup_s=ua.get("startup_s"),
         secret_env=[str(k) for k in ua.get("secret_env") or []],
         secret_args=secret_args_from_attr(ua.get("secret_args")),
+        slot=ua.get("slot"),
     )
 
 

@@ -270,6 +270,26 @@ def test_a_study_over_ssh_runs_exports_and_resumes(sshd: Sshd, tmp_path: Path) -
     assert best["value"] > 0
 
 
+def test_ray_workers_reach_an_ssh_host_s_gpu_slots_in_parallel(sshd: Sshd, tmp_path: Path) -> None:
+    """The second Ray layout: tasks on a (local) Ray cluster reach the host over SSH; the host
+    declares 2 GPUs and a trial takes 1, so two trials run on it at once, each with its GPU."""
+    cfg = write_study(tmp_path, "rayssh", sshd, trials=3, target={"host_gpus": 2, "gpus_per_trial": 1},
+                      parameters={"mem_fraction_static": MFS, "NCCL_MIN_NCHANNELS": MIN_CH})
+    autotune("study", "start", str(cfg), "--executor", "ray", cwd=tmp_path, timeout=400)
+    trials = load(tmp_path, "rayssh").trials
+    assert len(trials) == 3 and all(t.state.name in ("COMPLETE", "PRUNED") for t in trials), \
+        [(t.state.name, t.user_attrs.get("failure_message")) for t in trials]
+    slots = {t.user_attrs["slot"]: t.user_attrs["env"]["CUDA_VISIBLE_DEVICES"] for t in trials}
+    assert slots == {f"{sshd.url}[gpu 0]": "0", f"{sshd.url}[gpu 1]": "1"}
+    first, second = sorted(trials, key=lambda t: t.datetime_start)[:2]
+    assert second.datetime_start < first.datetime_complete  # side by side
+    for t in trials:
+        assert t.user_attrs["host"] == sshd.url and t.user_attrs["log_artifact"]
+        log = (tmp_path / "autotune-artifacts" / "logs" / "rayssh" / f"trial-{t.number:04d}.log").read_text()
+        assert "fired up" in log or t.user_attrs["outcome"] != "ok"
+        assert_gone(t.user_attrs["server_tag"], t.user_attrs["port"])
+
+
 def test_a_killed_driver_s_remote_server_is_killed_on_resume(sshd: Sshd, tmp_path: Path, launched: list[str]) -> None:
     cfg = write_study(tmp_path, "killed", sshd)
     driver = subprocess.Popen([sys.executable, "-m", "autotune", "study", "start", str(cfg)], cwd=tmp_path,

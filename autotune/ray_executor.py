@@ -1,0 +1,325 @@
+"""The Ray executor: each trial a Ray task on the node that owns its slot.
+
+Slots come from the cluster: a node that runs trials advertises ``autotune_slot:<node>`` with one
+unit per trial it can run at once (:func:`autotune.slots.ray_slots`), and its tasks launch the
+server locally on that node. With SSH hosts in ``target.hosts`` the slots are the hosts' instead,
+and a task on any node reaches its host over SSH. A task never retries by itself
+(``max_retries=0``): a fault goes back to the driver, which retries the trial on another slot.
+
+Only the driver talks to the Optuna storage. A task sends its phases (``launched`` with the
+server's tag, ``measuring`` ...) through a small actor on the driver's node, the
+:class:`TrialChannel`; :meth:`RayExecutor.wait` relays them to the driver's callbacks in the
+driver's thread. The same actor carries a stop request to the tasks. A task returns its
+:class:`~autotune.runner.TrialResult` and its log files, which the executor writes under the
+driver's log folder, so the logs end up with the study whichever node ran the trial.
+
+The driver keeps its own timeouts: a trial that no node has started after
+``schedule_timeout_s``, or whose slot resource no node offers any more, is cancelled and is a
+``slot-unavailable`` fault; a node that dies under a trial makes it a ``node-died`` fault. Both
+quarantine the slot (:class:`~autotune.slots.SlotPool`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+import ray.exceptions
+from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from autotune.config import StudyConfig
+from autotune.errors import UsageError
+from autotune.executors import Finished, PhaseCallback, make_runner, ssh_options
+from autotune.failures import Failure
+from autotune.hosts import LocalHost, make_host
+from autotune.runner import TrialResult, TrialSpec
+from autotune.slots import SLOT_RESOURCE_PREFIX, Slot, host_slots, ray_slots
+from autotune.stopping import StopRequest
+
+LOG_LIMIT = 8 * 1024 * 1024
+"""At most this much of each log file comes back from a task (its end)."""
+STOP_POLL_S = 0.5
+RESOURCE_CHECK_S = 2.0
+
+
+@ray.remote(num_cpus=0)
+class TrialChannel:
+    """Phases from the tasks to the driver, and a stop request from the driver to the tasks."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[int, str, str]] = []
+        self.stop: tuple[str, bool] = ("", False)
+
+    def put(self, number: int, phase: str, detail: str) -> None:
+        self.events.append((number, phase, detail))
+
+    def drain(self) -> list[tuple[int, str, str]]:
+        events, self.events = self.events, []
+        return events
+
+    def request_stop(self, reason: str, hurry: bool) -> None:
+        self.stop = (reason, hurry)
+
+    def stop_state(self) -> tuple[str, bool]:
+        return self.stop
+
+
+def _follow_stop(channel: Any, stop: StopRequest, done: threading.Event) -> None:
+    """Mirror the driver's stop request into the task's ``stop`` until ``done``."""
+    while not done.wait(STOP_POLL_S):
+        try:
+            reason, hurry = ray.get(channel.stop_state.remote(), timeout=10)
+        except Exception:  # noqa: BLE001 - the driver is gone: Ray ends this task anyway
+            continue
+        if reason and not stop.requested:
+            stop.request(reason)
+        if hurry and not stop.hurry:
+            stop.request(reason)
+
+
+def _read_logs(log_dir: Path, number: int) -> dict[str, bytes]:
+    out = {}
+    for path in log_dir.glob(f"trial-{number:04d}.*"):
+        with open(path, "rb") as f:
+            size = path.stat().st_size
+            f.seek(max(0, size - LOG_LIMIT))
+            out[path.name] = f.read()
+    return out
+
+
+def run_trial(cfg: StudyConfig, public: tuple[str, ...], slot: Slot, spec: TrialSpec, channel: Any,
+              child_umask: int | None) -> tuple[TrialResult, dict[str, bytes]]:
+    """The body of a trial's Ray task, on its slot's node: run it, return the result and logs."""
+    channel.put.remote(spec.number, "started", json.dumps({"node": ray.get_runtime_context().get_node_id(),
+                                                           "ip": ray.util.get_node_ip_address()}))
+    stop = StopRequest()
+    done = threading.Event()
+    threading.Thread(target=_follow_stop, args=(channel, stop, done), daemon=True).start()
+    log_dir = Path(tempfile.mkdtemp(prefix=f"autotune-{cfg.name}-"))
+    host = make_host(slot.host, child_umask=child_umask,
+                     ssh=ssh_options(cfg.target) if slot.host.startswith("ssh://") else None)
+    try:
+        runner = make_runner(cfg, host, slot, stop=stop, log_dir=log_dir, public=public, child_umask=child_umask)
+        result = runner.run(spec, lambda phase, detail: channel.put.remote(spec.number, phase, detail))
+        return result, _read_logs(log_dir, spec.number)
+    finally:
+        done.set()
+        host.close()
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+
+_run_trial_task = ray.remote(num_cpus=0, max_retries=0)(run_trial)
+
+
+@dataclass
+class _Running:
+    number: int
+    slot: Slot
+    on_phase: PhaseCallback
+    submitted: float
+    started: bool = False
+    node_ip: str = ""
+    tag: str = ""
+    last_phase: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _local_addresses() -> set[str]:
+    names = {"127.0.0.1", "localhost", socket.gethostname()}
+    try:
+        names |= {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)}
+    except OSError:
+        pass
+    try:
+        names.add(ray.util.get_node_ip_address())
+    except Exception:  # noqa: BLE001
+        pass
+    return names
+
+
+class RayExecutor:
+    """Runs trials as Ray tasks (see the module docstring).
+
+    ``address``: a running cluster (``auto``, ``HOST:PORT``), or None to start a local one whose
+    single node offers the slots of ``target.hosts`` (``autotune_slot:local``).
+
+    Raises:
+        UsageError: the cluster cannot be reached, or it offers no slot.
+    """
+
+    def __init__(self, cfg: StudyConfig, *, log_dir: Path, public: tuple[str, ...] | list[str] = (),
+                 child_umask: int | None = None, address: str | None = None,
+                 schedule_timeout_s: float = 120.0) -> None:
+        self.cfg = cfg
+        self.log_dir = log_dir
+        self.public = tuple(public)
+        self.child_umask = child_umask
+        self.schedule_timeout_s = schedule_timeout_s
+        target = cfg.target
+        remote_hosts = any(h != "local" for h in target.hosts)
+        local_slots = host_slots(["local"], host_gpus=target.host_gpus, gpus_per_trial=target.gpus_per_trial)
+        os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+        try:
+            if address:
+                # A cluster started where ~/.ray/auth_token exists requires the token (Ray 2.60
+                # turns token auth on then), but ray.init(address=...) sends it only in token mode.
+                maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+                ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False,
+                         configure_logging=True)
+            else:
+                ray.init(resources={f"{SLOT_RESOURCE_PREFIX}local": len(local_slots)},
+                         include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            where = f"at {address}" if address else "here"
+            raise UsageError(f"cannot start or reach the Ray cluster {where}: {str(exc).splitlines()[0]}") from None
+        if remote_hosts:
+            self._slots = host_slots(target.hosts, host_gpus=target.host_gpus, gpus_per_trial=target.gpus_per_trial)
+        else:
+            self._slots = ray_slots(ray.cluster_resources(), gpus_per_trial=target.gpus_per_trial)
+        if not self._slots:
+            ray.shutdown()
+            raise UsageError(f"no node of the Ray cluster at {address} offers a slot: start each node that runs "
+                             f"trials with --resources='{{\"{SLOT_RESOURCE_PREFIX}NAME\": 1}}' (see ray_cluster.yaml)")
+        here = ray.get_runtime_context().get_node_id()
+        self.channel = TrialChannel.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False)).remote()
+        self._running: dict[Any, _Running] = {}
+        self._stop_sent: tuple[str, bool] = ("", False)
+        self._resources_checked = 0.0
+        self._here = _local_addresses()
+
+    def slots(self) -> list[Slot]:
+        return list(self._slots)
+
+    def submit(self, spec: TrialSpec, slot: Slot, on_phase: PhaseCallback) -> None:
+        options: dict[str, Any] = {"num_cpus": 0, "max_retries": 0}
+        if slot.resource:
+            options["resources"] = {slot.resource: 1}
+        ref = _run_trial_task.options(**options).remote(self.cfg, self.public, slot, spec, self.channel,
+                                                        self.child_umask)
+        self._running[ref] = _Running(spec.number, slot, on_phase, time.monotonic())
+
+    def running(self) -> int:
+        return len(self._running)
+
+    def wait(self, timeout_s: float) -> list[Finished]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._relay()
+            if not self._running:
+                return []
+            refs = list(self._running)
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, min(0.2, deadline - time.monotonic())))
+            if ready:
+                self._relay()  # the phases a task sent before it returned (its server's tag)
+            finished = [self._collect(ref) for ref in ready] + self._overdue()
+            if finished or time.monotonic() >= deadline:
+                return finished
+
+    def request_stop(self, reason: str, hurry: bool = False) -> None:
+        if (reason, hurry) != self._stop_sent:
+            self._stop_sent = (reason, hurry)
+            self.channel.request_stop.remote(reason, hurry)
+
+    def close(self) -> None:
+        for ref in list(self._running):
+            ray.cancel(ref, force=True)
+        self._running.clear()
+        try:
+            ray.kill(self.channel)
+        except Exception:  # noqa: BLE001 - already gone with its node
+            pass
+        ray.shutdown()
+
+    # -- internals ------------------------------------------------------------------------
+    def _relay(self) -> None:
+        try:
+            events = ray.get(self.channel.drain.remote(), timeout=30)
+        except ray.exceptions.RayError:
+            return
+        by_number = {r.number: r for r in self._running.values()}
+        for number, phase, detail in events:
+            run = by_number.get(number)
+            if run is None:
+                continue
+            if phase == "started":
+                run.started = True
+                run.node_ip = json.loads(detail).get("ip", "")
+            if phase == "launched":
+                run.tag = json.loads(detail).get("tag") or ""
+            run.last_phase = phase
+            run.on_phase(phase, detail)
+
+    def _collect(self, ref: Any) -> Finished:
+        run = self._running.pop(ref)
+        try:
+            result, logs = ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            return Finished(run.number, run.slot, self._fault(run, exc))
+        for name, data in logs.items():
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            (self.log_dir / name).write_bytes(data)
+        result.log_path = str(self.log_dir / f"trial-{run.number:04d}.log")
+        return Finished(run.number, run.slot, result)
+
+    def _fault(self, run: _Running, exc: BaseException) -> TrialResult:
+        """The result of a task that did not return: its node died, its worker crashed, it was
+        cancelled, or the task itself raised (autotune missing on the node, a bug)."""
+        if isinstance(exc, (ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError)):
+            kind = "node-died"
+        elif isinstance(exc, ray.exceptions.WorkerCrashedError):
+            kind = "worker-crashed"
+        elif isinstance(exc, ray.exceptions.TaskCancelledError):
+            kind = "interrupted"
+        else:
+            kind = "executor-error"
+        cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) and exc.cause is not None else exc
+        text = str(cause).strip().splitlines()
+        message = f"{type(cause).__name__}: {text[-1] if text else ''}".strip(": ")
+        where = f" on node {run.node_ip}" if run.node_ip else ""
+        result = TrialResult(run.number, "fault", host=run.slot.host,
+                             failure=Failure(kind, f"Ray task{where} ({run.slot.name}): {message}"[:500], ""))
+        result.server_tag = run.tag
+        if run.tag and run.slot.host == "local":
+            # The server outlives its task's worker: kill it if it ran on this machine, else say so.
+            if run.node_ip in self._here:
+                LocalHost().kill_tagged(run.tag)
+            else:
+                result.failure = Failure(kind, f"{result.failure.message if result.failure else ''}; its server "
+                                               f"(tag {run.tag}) may still run on {run.node_ip}", "")
+        return result
+
+    def _overdue(self) -> list[Finished]:
+        """Trials no node started in time, or whose slot resource no node offers any more."""
+        now = time.monotonic()
+        waiting = [(ref, r) for ref, r in self._running.items() if not r.started]
+        if not waiting:
+            return []
+        offered: dict[str, float] | None = None
+        if now - self._resources_checked >= RESOURCE_CHECK_S:
+            self._resources_checked = now
+            offered = ray.cluster_resources()
+        out = []
+        for ref, run in waiting:
+            gone = offered is not None and run.slot.resource is not None and offered.get(run.slot.resource, 0) < 1
+            if not gone and now - run.submitted < self.schedule_timeout_s:
+                continue
+            ray.cancel(ref, force=True)
+            del self._running[ref]
+            why = (f"no Ray node offers {run.slot.resource} any more" if gone else
+                   f"no Ray node started it within {self.schedule_timeout_s:g}s (ray.schedule_timeout_s)")
+            out.append(Finished(run.number, run.slot, TrialResult(
+                run.number, "fault", host=run.slot.host,
+                failure=Failure("slot-unavailable", f"trial not run on {run.slot.name}: {why}", ""))))
+        return out
