@@ -221,7 +221,7 @@ def _with_secrets(data: dict[str, Any], name: str) -> dict[str, Any]:
     return {**data, "target": target}
 
 
-def _run_study(cfg: StudyConfig, trials: int | None) -> None:
+def _run_study(cfg: StudyConfig, trials: int | None, *, show_best: bool = True) -> None:
     from autotune.driver import Driver, HostBrokenError, artifact_dir
     from autotune.executors import Executor, SerialExecutor, make_hosts, make_runner
     from autotune.objective import Objective
@@ -272,7 +272,8 @@ def _run_study(cfg: StudyConfig, trials: int | None) -> None:
             h.close()
     if stop.requested:
         raise typer.Exit(stop.exit_code)
-    _print_best(run.study, objective.metric)
+    if show_best:
+        _print_best(run.study, objective.metric)
 
 
 def preset_needs_benchmark(engine: str) -> bool:
@@ -402,16 +403,72 @@ def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool 
     _out.print(Text.assemble((str(doc["study"]), "bold"), f": {doc['trials']} trials, outcomes {doc['outcomes']}"))
     if doc["failure_kinds"]:
         _out.print("failure kinds: " + ", ".join(f"{k} x{n}" for k, n in doc["failure_kinds"].items()), markup=False)
-    if doc["failure_rules"]:
-        _out.print("[bold]what fails[/bold]")
-        for rule in doc["failure_rules"]:
-            _out.print(f"  {rule}", markup=False)
-    if doc["importances"]:
-        _out.print("[bold]what matters[/bold] (fANOVA over feasible trials)")
-        for k, v in doc["importances"].items():
-            _out.print(f"  {k:32s} {v:.3f}", markup=False)
-    else:
-        _out.print("importances: too few feasible trials")
+    rules, left = doc["failure_rules"], doc["unexplained_failures"]
+    if rules or left["count"]:
+        _out.print(Text("what crashes", "bold"), Text("(rule -> kind (failed of covered); each failure attributed to one rule)"))
+    for rule in rules:
+        _out.print(Text(f"  {rule['rule']}  trials {', '.join(map(str, rule['trials']))}"))
+    if left["count"]:
+        kinds = ", ".join(f"{k} x{n}" for k, n in left["kinds"].items())
+        noun = "failure" if left["count"] == 1 else "failures"
+        _out.print(Text(f"  {left['count']} {noun} explained by no rule ({kinds}): trials "
+                        f"{', '.join(map(str, left['trials']))}"))
+    imp = doc["importance"]
+    for label, part in (("the objective", imp["objective"]), ("feasibility", imp["feasibility"])):
+        if part["verdict"] != "ok":
+            _out.print(Text("what matters for " + label, "bold"), Text(f": {part['verdict']}"))
+            continue
+        _out.print(Text("what matters for " + label, "bold"),
+                   Text(f" (share of variance over {part['trials']} trials: median [90 % interval])"))
+        for k, v in part["params"].items():
+            if "median" in v:
+                _out.print(Text(f"  {k:32s} {v['median']:.2f} [{v['low']:.2f}, {v['high']:.2f}]  {v['verdict']}"))
+            else:
+                _out.print(Text(f"  {k:32s} {v['verdict']}"))
+
+
+@study_app.command("ablate")
+def study_ablate(name: str = NameArg, storage: str = StorageOpt,
+                 repeats: int = typer.Option(2, "--repeats", min=1, max=20, help="Measurements of each run."),
+                 as_json: bool = typer.Option(False, "--json")) -> None:
+    """Which of the best trial's changes earned its gain: the best with each changed parameter
+    reverted to the baseline, one at a time, and the baseline and the best again, each measured
+    --repeats times as trials of the same study."""
+    from optuna.trial import TrialState
+
+    from autotune import ablation
+    from autotune.driver import finished_trials
+    from autotune.study_view import load_study
+
+    study = load_study(name, storage)
+    data = study.user_attrs.get("config")
+    if not data:
+        raise UsageError(f"study '{name}' was not started by autotune (no stored config)")
+    cfg = StudyConfig.from_mapping(_with_secrets(data, name) | {"storage": storage}, f"stored study {name}")
+    run_id, runs, best, base = ablation.plan(study, repeats)
+    waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    ablation.enqueue(study, run_id, runs)
+    reverted = sorted({r.label.removeprefix("revert:") for r in runs if r.label.startswith("revert:")})
+    _err.print(f"ablating trial {best.number} against the baseline (trial {base.number}): {len(reverted)} changed "
+               f"parameters, {len(runs)} trials ({repeats} of each run)", markup=False, soft_wrap=True)
+    _run_study(cfg, len(finished_trials(study)) + waiting + len(runs), show_best=False)
+    study = load_study(name, storage)
+    doc = ablation.analyse(study, run_id, best, base)
+    study.set_user_attr(ablation.ABLATION_ATTR, doc)
+    if as_json:
+        _print_json(doc)
+        return
+    _out.print(f"gain of trial {doc['best_trial']} over the baseline: {doc['best_mean']:.4g} (n={doc['best_n']}) vs "
+               f"{doc['baseline_mean']:.4g} (n={doc['baseline_n']}) = {doc['gain']:+.4g}", markup=False, soft_wrap=True)
+    for row in doc["parameters"]:
+        if row.get("share") is None:
+            _out.print(f"  {row['parameter']}: reverting it failed every time ({', '.join(row['failed'])})", markup=False)
+            continue
+        failed = f"; failed {len(row['failed'])}x ({', '.join(sorted(set(row['failed'])))})" if row["failed"] else ""
+        _out.print(f"  {row['parameter']} ({row['baseline']} -> {row['best']}): {100 * row['share']:.0f}% of the gain "
+                   f"[{100 * row['share_low']:.0f}%, {100 * row['share_high']:.0f}%]{failed}", markup=False, soft_wrap=True)
+    _out.print(f"(shares: (best - best with it reverted) / gain; {int(100 * doc['interval'])}% bootstrap intervals "
+               "over the repeats; they need not add up to 100% when parameters interact)", markup=False, soft_wrap=True)
 
 
 # -- export / dashboard -------------------------------------------------------------------------
@@ -422,34 +479,87 @@ def export(
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write to this file (default: stdout)."),
     storage: str = StorageOpt,
     port: Optional[int] = typer.Option(None, "--port", help="Port in the profile (default: the engine's)."),
+    python: Optional[str] = typer.Option(None, "--python", metavar="PATH",
+                                         help="The serving host's interpreter to bake in (default: python3; "
+                                              "PYTHON overrides it at launch)."),
+    memory_margin: float = typer.Option(0.02, "--memory-margin", min=0.0, max=1.0,
+                                        help="How far below the nearest memory failure the study saw a memory "
+                                             "parameter is exported: absolute for fractions, else relative; one "
+                                             "grid step at least."),
 ) -> None:
     """Export the best configuration of a study as a launch profile."""
-    from autotune.engines.registry import PRESETS
-    from autotune.export import FILE_MODE, FORMATS, SH_MODE, check_output, profile, render, write_profile
-    from autotune.study_view import best_view, load_study
+    from autotune.export import FILE_MODE, FORMATS, SH_MODE, check_output, from_study, render, write_profile
+    from autotune.study_view import load_study
 
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
     if port is not None and not 1 <= port <= 65535:
         raise UsageError(f"--port {port}: expected a port number between 1 and 65535")
+    if python is not None and (not python.strip() or any(c in python for c in "\x00\n\r")):
+        raise UsageError("--python: expected the interpreter's name or path on the serving host")
     if output is not None:
         check_output(output)  # before anything is read or rendered
     study = load_study(name, storage)
-    best = best_view(study)
-    if best is None:
-        raise UsageError(f"study '{name}' has no feasible trial to export")
-    engine = ((study.user_attrs.get("config") or {}).get("target") or {}).get("engine", "sim")
-    chosen_port = port if port is not None else (PRESETS[engine].default_port if engine in PRESETS else 30000)
-    objective = study.user_attrs.get("objective") or {}
-    prof = profile(name, objective.get("metric"), study.direction.name.lower(), best, chosen_port)
-    text = render(fmt, prof, best.argv_template or best.argv, secret_env_keys=best.secret_env,
-                  secret_args=best.secret_args)
+    prof, best = from_study(study, storage, port=port, python=python, memory_margin=memory_margin)
+    text = render(fmt, prof)
+    changed = [m["text"] for m in prof["memory"] if m["exported"] != m["measured"]]
     if output is None:
         sys.stdout.write(text)
-        return
-    write_profile(output, text, SH_MODE if fmt == "sh" else FILE_MODE)
-    _err.print(f"wrote {output} (trial {best.number}, {objective.get('metric')}={best.value:.4g})",
-               markup=False, highlight=False)
+    else:
+        write_profile(output, text, SH_MODE if fmt == "sh" else FILE_MODE)
+        _err.print(f"wrote {output} (trial {best.number}, {prof['metric']}={prof['value']:.4g})",
+                   markup=False, highlight=False)
+    for line in changed:
+        _err.print(f"memory back-off: {line}", markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command("verify")
+def verify(
+    profile_path: Path = typer.Argument(..., metavar="PROFILE", help="A profile written by `autotune export`."),
+    repeats: int = typer.Option(1, "--repeats", "--trials", min=1, max=100, help="Launches to measure."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", min=1.0,
+                                            help="Seconds the server may take to be ready (default: the study's)."),
+    tolerance: float = typer.Option(0.10, "--tolerance", min=0.0, max=1.0,
+                                    help="How much worse than recorded still passes (0.10: 10%)."),
+    python: Optional[str] = typer.Option(None, "--python", metavar="PATH",
+                                         help="The interpreter to run the engine with (default: $PYTHON, else "
+                                              "the profile's)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Launch a profile once on this machine under the study's load and compare with what was recorded.
+
+    Exit 0 within the tolerance, 1 when worse (or the launch failed), 2 on bad input.
+    """
+    from autotune.export import verify as verify_profile
+    from autotune.export import verify_lines
+
+    doc = verify_profile(profile_path, repeats=repeats, timeout_s=timeout, python=python, tolerance=tolerance,
+                         child_umask=_USER_UMASK,
+                         say=lambda line: _err.print(line, markup=False, highlight=False, soft_wrap=True))
+    if as_json:
+        _print_json(doc)
+    else:
+        for line in verify_lines(doc):
+            _out.print(line, markup=False, highlight=False, soft_wrap=True)
+    if doc["code"]:
+        raise typer.Exit(doc["code"])
+
+
+@app.command("report")
+def report(
+    name: str = NameArg,
+    output: Path = typer.Option(..., "-o", "--output", help="The HTML file to write."),
+    storage: str = StorageOpt,
+) -> None:
+    """One self-contained HTML page: history, importances, feasibility, crash rules, ablation, best profile."""
+    from autotune.export import FILE_MODE, check_output, write_profile
+    from autotune.report import build_report
+    from autotune.study_view import load_study
+
+    check_output(output)  # before anything is read or rendered
+    page = build_report(load_study(name, storage))
+    write_profile(output, page, FILE_MODE)
+    _err.print(f"wrote {output} ({len(page.encode()) // 1024} KiB)", markup=False, highlight=False)
 
 
 @app.command("dashboard")
@@ -468,10 +578,15 @@ def dashboard(storage: str = StorageOpt, host: str = typer.Option("127.0.0.1", "
     check_storage(storage)  # before anything is created
     store_dir = artifact_dir(storage)
     store_dir.mkdir(parents=True, exist_ok=True)
-    _err.print(f"optuna-dashboard on http://{host}:{port}/ (storage {storage})", markup=False)
     # An opened storage, not the URL: optuna-dashboard opens a URL without creating the tables,
     # which fails on a new database.
-    run_server(open_storage(storage), host=host, port=port, artifact_store=FileSystemArtifactStore(str(store_dir)))
+    rdb = open_storage(storage)
+    from autotune.notes import write_all_notes
+
+    written = write_all_notes(rdb)  # trials recorded before notes were written read like `study show` too
+    _err.print(f"optuna-dashboard on http://{host}:{port}/ (storage {storage}"
+               + (f"; {written} trial notes written)" if written else ")"), markup=False, soft_wrap=True)
+    run_server(rdb, host=host, port=port, artifact_store=FileSystemArtifactStore(str(store_dir)))
 
 
 def main() -> None:

@@ -47,15 +47,23 @@ from optuna.trial import TrialState
 from autotune.config import StudyConfig
 from autotune.errors import UsageError
 from autotune.executors import Executor, ssh_options
-from autotune.hosts import MIN_FREE_BYTES, Host, HostFault, kill_stale_local_server, make_host
+from autotune.hosts import (
+    MIN_FREE_BYTES,
+    Host,
+    HostFault,
+    kill_stale_local_server,
+    make_host,
+)
 from autotune.lease import StudyLease
+from autotune.notes import mirror_constraints, write_trial_note
 from autotune.objective import Objective
+from autotune.provenance import host_facts, runner_for
 from autotune.runner import TrialResult, TrialSpec
 from autotune.secrets import Redactor
 from autotune.slots import SLOT_GONE_FAULTS, Slot, SlotPool
 from autotune.space import SearchSpace
 from autotune.stopping import StopRequest, handle_signals
-from autotune.storage import check_storage, open_storage
+from autotune.storage import artifact_dir, check_storage, open_storage
 from autotune.study_view import best_view
 
 FAILURE_CONSTRAINT = "failure"
@@ -124,14 +132,6 @@ class StudyRun:
     results: list[TrialResult] = field(default_factory=list)
 
 
-def artifact_dir(storage: str) -> Path:
-    """Where trial logs and artifacts live: beside a SQLite file, else in the working directory."""
-    if storage.startswith("sqlite:///"):
-        db = Path(storage.removeprefix("sqlite:///"))
-        return db.parent / "autotune-artifacts"
-    return Path("autotune-artifacts")
-
-
 def derived_seed(seed: int | None, trials_so_far: int) -> int | None:
     """The sampler seed of an invocation that starts after ``trials_so_far`` trials.
 
@@ -143,16 +143,29 @@ def derived_seed(seed: int | None, trials_so_far: int) -> int | None:
     return (seed * 1_000_003 + trials_so_far * 7_919) % 2**32
 
 
-def make_sampler(kind: str, seed: int | None, *, parallel: bool = False) -> optuna.samplers.BaseSampler:
-    """The sampler for a config's ``sampler`` key. ``parallel``: several trials run at once, so
-    TPE treats the running ones as bad (constant liar) and does not propose one point N times."""
+TPE_STARTUP_TRIALS = 8
+"""Random trials before TPE models the study (serial; see :func:`make_sampler` for parallel)."""
+
+
+def make_sampler(kind: str, seed: int | None, *, slots: int = 1) -> optuna.samplers.BaseSampler:
+    """The sampler for a config's ``sampler`` key, for a study run on ``slots`` slots at once.
+
+    With several slots, TPE runs with ``constant_liar``: a running trial counts as a bad result
+    while it runs, so N free slots get N different points, not N copies of the most promising
+    one. TPE's start-up counts finished trials only; with N in flight, the trial asked when the
+    serial study would ask its first modelled one has N - 1 fewer finished beside it, so the
+    start-up is shortened by N - 1 (at least 4 random trials): the first modelled ask comes at
+    the same trial number as in a serial study, as the benchmark in docs/BENCHMARKS.md compares.
+    """
     if kind == "gp":
         return optuna.samplers.GPSampler(seed=seed)
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
+    startup = TPE_STARTUP_TRIALS if slots <= 1 else max(4, TPE_STARTUP_TRIALS - (slots - 1))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True, constant_liar=parallel)
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, multivariate=True,
+                                          constant_liar=slots > 1)
 
 
 def startup_timeout(startups: list[float], *, cap_s: float, factor: float, floor_s: float) -> tuple[float, str]:
@@ -242,7 +255,7 @@ class Driver:
         )
         self._check_same_study(study)
         study.sampler = make_sampler(self.config.sampler, derived_seed(self.config.seed, len(study.trials)),
-                                     parallel=len(self.pool.slots) > 1)
+                                     slots=min(self.executor.capacity(), len(self.pool.slots)))
         if "config" not in study.user_attrs:
             study.set_user_attr("config", self._stored_config())
             study.set_user_attr("objective", {"name": self.objective.name, "metric": self.objective.metric,
@@ -251,6 +264,7 @@ class Driver:
             study.set_user_attr("space", self.space.name)
             study.set_user_attr("space_distributions", self._space_signature())
             study.set_user_attr("created", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+        self._record_host_facts(study)
         me = self.lease.me.id
         earlier_left = list(study.user_attrs.get(SERVERS_LEFT) or [])
         self._left = []
@@ -266,7 +280,7 @@ class Driver:
             study._storage.set_trial_user_attr(t._trial_id, "failure_message", "its driver died while it ran")
             study.tell(t.number, state=TrialState.FAIL)
             if t.params:
-                study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number, **_baseline_attr(t)})
+                study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number, **_carried(t.user_attrs)})
         self._left = self._kill_each(earlier_left) + self._left
         if earlier_left or self._left:
             study.set_user_attr(SERVERS_LEFT, list(self._left))
@@ -274,6 +288,22 @@ class Driver:
             baseline = self.space.complete(self.config.baseline)
             study.enqueue_trial(baseline, user_attrs={"baseline": True}, skip_if_exists=True)
         return study
+
+    def _record_host_facts(self, study: optuna.Study) -> None:
+        """What each host says about its GPUs, driver and NCCL (for the profile's provenance), in
+        the study's ``host_facts``. Under Ray with local slots the trials run on the nodes, which
+        the driver does not reach: nothing is recorded for them."""
+        facts = {}
+        for name, host in self.hosts.items():
+            if self.config.executor == "ray" and not host.remote:
+                continue
+            run = runner_for(host)
+            found = host_facts(run)
+            if found.get("gpus"):  # a GPU host: ask its torch for NCCL's version too
+                found = host_facts(run, python=host.python)
+            facts[name] = found
+        if facts:
+            study.set_user_attr("host_facts", facts)
 
     def _host(self, name: str) -> Host | None:
         """The host object of ``name`` (made on first use); None for a name no longer valid."""
@@ -401,7 +431,7 @@ class Driver:
                 run.reason = self._must_stop(study) or (self._budget_spent(study) if not running else "")
             if self.stop.requested and running:
                 self.executor.request_stop(self.stop.reason, self.stop.hurry)
-            while not run.reason and self._room(study, len(running)):
+            while not run.reason and len(running) < self.executor.capacity() and self._room(study, len(running)):
                 slot = self.pool.choose()
                 if slot is None:
                     break
@@ -489,15 +519,19 @@ class Driver:
     def _finish(self, study: optuna.Study, flight: _InFlight, result: TrialResult, run: StudyRun) -> str:
         """Tell a finished trial, retry a fault elsewhere, keep the slot's health; returns why the
         study must stop (no healthy slot left), else ""."""
-        trial, slot, is_baseline = flight.trial, flight.slot, flight.baseline
+        trial, slot = flight.trial, flight.slot
         value = self._tell(study, trial, flight.applied, result)
+        try:
+            write_trial_note(study, trial)  # the dashboard's Note reads like `study show`
+        except Exception:  # noqa: BLE001 - a note is a courtesy: it never stops a study
+            pass
         run.trials_run += 1
         run.results.append(result)
         best = best_view(study)
         self.reporter.trial_finished(result, value, None if best is None else best.value)
         kind = result.failure.kind if result.failure else None
         msg = result.failure.message if result.failure else ""
-        base = {"baseline": True} if is_baseline else {}
+        base = _carried(trial.user_attrs)
         if kind == "interrupted":
             # Not the trial's fault and not the host's: run the same parameters again later.
             study.enqueue_trial(dict(trial.params), user_attrs={"retry_of": trial.number, **base})
@@ -611,6 +645,7 @@ class Driver:
             trial.set_user_attr("failure_kind", "metric-missing")
             trial.set_user_attr("failure_message", f"metric '{self.objective.metric}' not in the results")
             result.outcome = "infeasible"
+        mirror_constraints(trial)  # optuna-dashboard does not show set_constraint values
         if result.outcome == "ok":
             study.tell(trial, float(value))  # type: ignore[arg-type]
             return float(value)  # type: ignore[arg-type]
@@ -622,8 +657,12 @@ class Driver:
         return None
 
 
-def _baseline_attr(t: optuna.trial.FrozenTrial) -> dict[str, Any]:
-    return {"baseline": True} if t.user_attrs.get("baseline") else {}
+CARRIED_ATTRS = ("baseline", "ablation")
+"""User attrs a trial run again (after a fault or an interruption) keeps: what it was for."""
+
+
+def _carried(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: attrs[k] for k in CARRIED_ATTRS if attrs.get(k)}
 
 
 def _compact_info(info: dict[str, Any] | None, limit: int = 4000) -> dict[str, Any] | None:

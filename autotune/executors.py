@@ -43,8 +43,13 @@ class Executor(Protocol):
         """The slots trials may run on, in order of preference."""
         ...
 
+    def capacity(self) -> int:
+        """How many trials it runs at once (at most one per slot)."""
+        ...
+
     def submit(self, spec: TrialSpec, slot: Slot, on_phase: PhaseCallback) -> None:
-        """Start ``spec`` on ``slot`` (free: the driver runs one trial per slot)."""
+        """Start ``spec`` on ``slot`` (free: the driver runs one trial per slot, and at most
+        :meth:`capacity` at once)."""
         ...
 
     def wait(self, timeout_s: float) -> list[Finished]:
@@ -119,6 +124,9 @@ class SerialExecutor:
 
     def slots(self) -> list[Slot]:
         return list(self.slot_list)
+
+    def capacity(self) -> int:
+        return 1
 
     def submit(self, spec: TrialSpec, slot: Slot, on_phase: PhaseCallback) -> None:
         assert self._pending is None, "the serial executor runs one trial at a time"

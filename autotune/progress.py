@@ -8,6 +8,7 @@ such as ``[/x]`` or ``[bold]`` is shown as written and cannot break the display.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,12 @@ from rich.text import Text
 
 from autotune.runner import TrialResult
 from autotune.study_view import TrialView, trial_views
+
+
+MESSAGE_LIMIT = 240
+"""A failure message on the console keeps at most this much (its start and its end)."""
+TOP_TRIALS = 5
+"""How many best trials the end-of-study summary shows."""
 
 
 class ConsoleReporter:
@@ -43,7 +50,9 @@ class ConsoleReporter:
         left = "" if budget is None else f", budget {budget}"
         self.console.print(Text.assemble((f"study {name}", "bold"), f": {done} trials already finished{left}"))
         if self.console.is_terminal:
-            self.live = Live(self._status(), console=self.console, refresh_per_second=4, transient=True)
+            # The renderable is this reporter: Live asks it for a fresh line at every refresh, so
+            # the clocks move while a server starts (a Text made once would freeze them).
+            self.live = Live(_LiveStatus(self), console=self.console, refresh_per_second=4, transient=True)
             self.live.start()
 
     def trial_started(self, number: int, params: dict[str, Any], baseline: bool, slot: str = "") -> None:
@@ -60,9 +69,7 @@ class ConsoleReporter:
             run = self.running[number] = _Running(time.monotonic(), "")
         changed = phase != run.phase
         run.phase, run.detail = phase, detail
-        if self.live is not None:
-            self.live.update(self._status())
-        elif changed:
+        if self.live is None and changed:
             self.console.print(Text(f"  trial {number}: {phase} ({time.monotonic() - run.start:.1f}s)"))
 
     def trial_finished(self, result: TrialResult, value: float | None, best: float | None) -> None:
@@ -75,12 +82,10 @@ class ConsoleReporter:
             line = Text.assemble(f"trial {result.number}: ", ("ok", "green"), f" {self.metric}={value:.4g}  ({took})")
         else:
             kind = result.failure.kind if result.failure else "?"
-            msg = (result.failure.message if result.failure else "")[:110]
+            msg = shorten(result.failure.message if result.failure else "", MESSAGE_LIMIT)
             style = "yellow" if result.outcome == "infeasible" else "red"
             line = Text.assemble(f"trial {result.number}: ", (f"{result.outcome} {kind}", style), f"  {msg}  ({took})")
         self.console.print(line)
-        if self.live is not None:
-            self.live.update(self._status())
 
     def slot_quarantined(self, slot: str, reason: str) -> None:
         self.console.print(Text.assemble(("slot quarantined", "red"), f": {slot}: {reason}"))
@@ -90,12 +95,17 @@ class ConsoleReporter:
             self.live.stop()
             self.live = None
         maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
-        self.console.print(summary_table(trial_views(study), self.metric, maximize))
+        views = trial_views(study)
+        self.console.print(top_table(views, self.metric, maximize))
+        for line in outcome_lines(views, crash_rules(study)):
+            self.console.print(line)
+        self.console.print(Text(f"every trial: autotune study show {study.study_name}", style="dim"))
         if reason:
             self.console.print(Text(reason))
 
     # -- rendering ------------------------------------------------------------------------
-    def _status(self) -> Text:
+    def status_line(self) -> Text:
+        """The live line: each running trial with its phase and clock, best so far, total time."""
         budget = "" if self.budget is None else f"/{self.budget}"
         best = "none yet" if self.best is None else f"{self.best:.4g}"
         now = time.monotonic()
@@ -103,7 +113,20 @@ class ConsoleReporter:
         for number, run in sorted(self.running.items()):
             parts += [f"trial {number} ", (run.phase, "cyan"), f" {run.detail}  {now - run.start:.1f}s  "]
         parts.append(f"best {self.metric}: {best}  total {now - self.study_start:.0f}s")
-        return Text.assemble(*parts)
+        line = Text.assemble(*parts)
+        line.no_wrap = True
+        line.overflow = "ellipsis"
+        return line
+
+
+class _LiveStatus:
+    """Renders the reporter's status line afresh each time Live refreshes."""
+
+    def __init__(self, reporter: ConsoleReporter) -> None:
+        self.reporter = reporter
+
+    def __rich__(self) -> Text:
+        return self.reporter.status_line()
 
 
 @dataclass
@@ -114,6 +137,66 @@ class _Running:
     slot: str
     phase: str = ""
     detail: str = ""
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text`` on one line, at most ``limit`` characters: the start and the end are kept (where a
+    message names the value that failed), the middle gives way to `` ... ``."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    head = (limit - 5) * 2 // 3
+    tail = limit - 5 - head
+    return f"{flat[:head]} ... {flat[-tail:]}"
+
+
+def crash_rules(study: optuna.Study) -> list[str]:
+    """The study's crash rules as ``study explain`` states them (none when it cannot say)."""
+    from autotune.analysis import explain
+
+    try:
+        doc = explain(study)
+    except Exception:  # noqa: BLE001 - the summary must not fail a finished study
+        return []
+    rules = doc.get("failure_rules") or doc.get("rules") or []
+    return [r if isinstance(r, str) else str(r.get("text") or r.get("rule") or r) for r in rules]
+
+
+def top_table(views: list[TrialView], metric: str, maximize: bool = True, top: int = TOP_TRIALS) -> Table:
+    """The baseline and the ``top`` best feasible trials, each with what it changed from the
+    baseline: a table for an 80-column terminal (``study show`` has every trial)."""
+    feasible = sorted((v for v in views if v.value is not None), key=lambda v: v.value or 0.0, reverse=maximize)
+    base = next((v for v in views if v.baseline), None)
+    rows = feasible[:top]
+    if base is not None and base not in rows:
+        rows.append(base)
+    table = Table(title=Text(f"best trials ({metric})"), expand=False)
+    table.add_column("#", no_wrap=True)
+    table.add_column("value", justify="right", no_wrap=True)
+    table.add_column("vs base", justify="right", no_wrap=True)
+    table.add_column("changed from the baseline", overflow="fold", max_width=52)
+    for v in rows:
+        ratio = "" if base is None or not base.value or v.value is None else f"{v.value / base.value:.2f}x"
+        changed = "(baseline)" if v is base else " ".join(
+            f"{k}={p}" for k, p in v.params.items() if base is None or base.params.get(k) != p)
+        style = "bold green" if v is rows[0] and v.value is not None else None
+        table.add_row(Text(str(v.number)), Text(f"{v.value:.4g}" if v.value is not None else "-"), Text(ratio),
+                      Text(changed), style=style)
+    return table
+
+
+def outcome_lines(views: list[TrialView], rules: list[str]) -> list[Text]:
+    """Counts of outcomes and failure kinds, then the crash rules."""
+    counts = Counter(v.outcome for v in views)
+    kinds = Counter(v.failure_kind for v in views if v.outcome == "infeasible" and v.failure_kind)
+    shown = ", ".join(f"{n} {o}" for o, n in counts.most_common())
+    lines = [Text(f"{len(views)} trials: {shown}")]
+    if kinds:
+        lines.append(Text("infeasible: " + ", ".join(f"{k} {n}" for k, n in kinds.most_common())))
+    if rules:
+        lines.append(Text("crash rules (autotune study explain):"))
+        lines += [Text(f"  {r}") for r in rules]
+    return lines
 
 
 def summary_table(views: list[TrialView], metric: str, maximize: bool = True) -> Table:

@@ -202,6 +202,9 @@ class RayExecutor:
     def slots(self) -> list[Slot]:
         return list(self._slots)
 
+    def capacity(self) -> int:
+        return len(self._slots)
+
     def submit(self, spec: TrialSpec, slot: Slot, on_phase: PhaseCallback) -> None:
         options: dict[str, Any] = {"num_cpus": 0, "max_retries": 0}
         if slot.resource:

@@ -251,7 +251,7 @@ class TrialRunner:
             self.host.wait_port_free(port, timeout_s=5.0)
             if log_path.exists():
                 log_path.unlink()
-            phase_cb("launching", " ".join(shown[-6:]))
+            phase_cb("launching", f"port {port}" + (f" on {self.host.name}" if self.host.remote else ""))
             proc = self.host.launch(argv, env, log_path, port=port)
             result.server_tag = proc.tag
             phase_cb("launched", json.dumps({"pgid": proc.pgid, "tag": proc.tag, "argv": shown, "port": port,

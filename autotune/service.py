@@ -36,10 +36,10 @@ import sqlalchemy as sa
 from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 
-from autotune.driver import SLOTS_ATTR, STOP_ATTR, artifact_dir
+from autotune.driver import SLOTS_ATTR, STOP_ATTR
 from autotune.errors import UsageError
 from autotune.lease import LEASES, Owner, StudyBusyError, StudyLease, owner_alive
-from autotune.storage import has_studies, open_storage
+from autotune.storage import artifact_dir, has_studies, open_storage
 from autotune.study_view import best_view
 
 START_WAIT_S = 60.0

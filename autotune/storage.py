@@ -173,3 +173,11 @@ def _first_line(exc: BaseException) -> str:
     orig = getattr(exc, "orig", None)  # sqlalchemy wraps the driver's error: its text is shorter
     text = str(orig if orig is not None else exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def artifact_dir(storage: str) -> Path:
+    """Where trial logs and artifacts live: beside a SQLite file, else in the working directory."""
+    if storage.startswith("sqlite:///"):
+        db = Path(storage.removeprefix("sqlite:///"))
+        return db.parent / "autotune-artifacts"
+    return Path("autotune-artifacts")

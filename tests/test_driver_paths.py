@@ -194,14 +194,15 @@ def test_slo_constraints(tmp_path: Path, constraint: str, key: str, outcome: str
 
 # -- explain, list, dashboard -------------------------------------------------------------------
 def test_explain_names_the_value_that_crashes(studies: Studies) -> None:
-    rule = "NCCL_ALGO = Tree: 2/2 infeasible (mostly nccl-error)"
+    """Two crashes are too few for a rule (a rule needs 3 failures it explains): explain says
+    they are unexplained rather than present two trials as knowledge."""
     explain = ("study", "explain", "tree", "--storage", studies.storage)
     doc = json.loads(autotune(*explain, "--json", cwd=studies.folder).stdout)
     assert doc["study"] == "tree" and doc["trials"] == 3
     assert doc["outcomes"] == {"infeasible": 2, "ok": 1} and doc["failure_kinds"] == {"nccl-error": 2}
-    assert doc["failure_rules"] == [rule]
+    assert doc["failure_rules"] == [] and doc["unexplained_failures"]["count"] == 2
     text = autotune(*explain, cwd=studies.folder).stdout
-    assert "tree: 3 trials" in text and "nccl-error x2" in text and rule in text
+    assert "tree: 3 trials" in text and "nccl-error" in text
 
 
 def test_list_counts_every_study(studies: Studies) -> None:

@@ -19,8 +19,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from autotune._text import one_line
 from autotune.errors import UsageError
-from autotune.export import FORMATS, one_line, profile, render
+from autotune.export import FORMATS, profile, render
 from autotune.secrets import (
     MIN_TEXT_SECRET,
     Redactor,
@@ -57,13 +58,15 @@ def trial(env: dict[str, str], args: list[str], params: dict[str, Any] | None = 
                      argv_template=template, secret_env=secret_env or [], secret_args=secret_args or {})
 
 
-def rendered(fmt: str, best: TrialView, study: str = "s") -> str:
-    prof = profile(study, "tok_s", "maximize", best, PORT)
-    return render(fmt, prof, best.argv_template, secret_env_keys=best.secret_env, secret_args=best.secret_args)
+def rendered(fmt: str, best: TrialView, study: str = "s", **options: Any) -> str:
+    prof = profile(study, "tok_s", "maximize", best, PORT, **options)
+    return render(fmt, prof, secret_env_keys=best.secret_env, secret_args=best.secret_args)
 
 
 def base_env(**extra: str) -> dict[str, str]:
-    return {"PATH": os.environ["PATH"], "PYTHONUTF8": "1", **extra}
+    """The environment of a profile's launch; ``PYTHON``: the interpreter the profile runs (the
+    test's own here: the profile itself names none of this machine's)."""
+    return {"PATH": os.environ["PATH"], "PYTHONUTF8": "1", "PYTHON": sys.executable, **extra}
 
 
 def run_sh(path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -346,3 +349,237 @@ def test_a_stored_trial_with_secrets_exports_references(tmp_path: Path) -> None:
     assert got["argv"] == ["--port", str(PORT), "--mem-fraction-static", "0.92", "--api-key", "sk_y"]
     refused = run_sh(tmp_path / "p.sh", base_env(PORT=str(PORT), API_KEY="sk_y"))
     assert refused.returncode != 0 and "set HF_TOKEN in the environment" in refused.stderr
+
+
+# -- no path of the tuner's environment: the interpreter is the serving host's -----------------------
+def test_no_format_names_the_tuners_interpreter_or_environment() -> None:
+    best = trial({"AT_X": "1"}, ["--port", "{port}"])
+    assert best.argv_template[0] == sys.executable
+    for fmt in FORMATS:
+        text = rendered(fmt, best)
+        for path in {sys.executable, os.path.realpath(sys.executable), sys.prefix}:
+            assert path not in text, (fmt, path)
+    sh = rendered("sh", best)
+    assert 'PYTHON="${PYTHON:-python3}"' in sh and 'exec "$PYTHON" -c ' in sh
+    assert "PYTHON=/opt/venv/bin/python bash THIS_FILE" in sh
+    prof = json.loads(rendered("json", best))
+    assert prof["python"] == "python3" and prof["command"][0] == "python3" and prof["python_words"] == [0]
+    assert prof["command_template"][0] == "{python}" and prof["command_line"].startswith("python3 -c ")
+
+
+def test_the_interpreter_defaults_to_python3_and_is_overridden_by_python_or_baked_in(tmp_path: Path) -> None:
+    best = trial({"AT_X": "1"}, ["a b", "{port}"])
+    no_python = {k: v for k, v in base_env().items() if k != "PYTHON"}
+    # the default: python3 from PATH (here a link to this interpreter, first on PATH)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)
+    sh = tmp_path / "p.sh"
+    sh.write_text(rendered("sh", best))
+    proc = run_sh(sh, {**no_python, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["argv"] == ["a b", str(PORT)]
+    # baked in with `export --python` (any text, quoted), and PYTHON still overrides it
+    baked = tmp_path / "my venv" / "python's"
+    baked.parent.mkdir()
+    baked.symlink_to(sys.executable)
+    sh.write_text(rendered("sh", best, python=str(baked)))
+    proc = run_sh(sh, no_python)
+    assert proc.returncode == 0, proc.stderr
+    sh.write_text(rendered("sh", best, python="/nonexistent/python"))
+    assert run_sh(sh, no_python).returncode != 0
+    proc = run_sh(sh, base_env())
+    assert proc.returncode == 0 and json.loads(proc.stdout)["argv"] == ["a b", str(PORT)], proc.stderr
+
+
+def test_the_interpreter_is_found_where_the_launch_template_put_it() -> None:
+    from autotune.export import interpreter_spans
+
+    stored = ["/srv/venv/bin/python", "-m", "x", "--host", "127.0.0.1", "--port", "{port}", "--python=/srv/venv/bin/python"]
+    spans = interpreter_spans(stored, "{python} -m x --host {host} --port {port} --python={python}")
+    assert spans == {0: (0, 20), 7: (9, 29)}
+    assert interpreter_spans(stored, "/srv/venv/bin/python -m x") == {}  # the user's own words stay
+    assert interpreter_spans(["{python}", "-m"], "{{python}} -m") == {}  # a literal "{python}" too
+    assert interpreter_spans(["python3.11", "-m", "x"], None, interpreters=["python3.11"]) == {0: (0, 10)}
+    best = trial({}, [], {})
+    best.argv_template = list(stored)
+    prof = profile("s", "m", "maximize", best, PORT, launch_template="{python} -m x --host {host} --port {port} "
+                   "--python={python}", python="/opt/py")
+    assert prof["command"] == ["/opt/py", "-m", "x", "--host", "127.0.0.1", "--port", str(PORT), "--python=/opt/py"]
+    assert prof["python_words"] == [0, 7] and prof["command_template"][7] == "--python={python}"
+
+
+# -- provenance --------------------------------------------------------------------------------
+SMI = "NVIDIA H200, 570.124.06, 143771 MiB\nNVIDIA H200, 570.124.06, 143771 MiB\n"
+
+
+def test_host_facts_take_a_runner_and_never_fail() -> None:
+    from autotune.provenance import host_facts, local_runner
+
+    calls: list[list[str]] = []
+
+    def run(argv: list[str]) -> str | None:
+        calls.append(argv)
+        return {"nvidia-smi": SMI, "/opt/py": "2.21.5\n"}.get(argv[0])
+
+    facts = host_facts(run, python="/opt/py")
+    assert facts["gpu"] == "2x NVIDIA H200" and facts["driver"] == "570.124.06" and facts["nccl"] == "2.21.5"
+    assert facts["gpus"][0] == {"name": "NVIDIA H200", "driver": "570.124.06", "memory": "143771 MiB"}
+    assert calls[0][0] == "nvidia-smi" and calls[1][:2] == ["/opt/py", "-c"]
+    assert host_facts(lambda argv: None) == {"sources": []}
+
+    def broken(argv: list[str]) -> str | None:
+        raise OSError("host gone")
+
+    assert host_facts(broken, python="python3") == {"sources": []}
+    assert local_runner()(["true"]) == "" and local_runner()(["/nonexistent/nvidia-smi"]) is None
+    assert local_runner()(["false"]) is None
+
+
+def test_provenance_from_logs_server_info_and_host_facts() -> None:
+    from autotune.provenance import (
+        engine_version,
+        parse_log,
+        provenance,
+        select_host_facts,
+    )
+
+    log = ("[2026-01-01 12:00:00] Simulated host: scenario=glm5 (8x NVIDIA RTX PRO 6000 Blackwell Server Edition), "
+           "time_scale=150, noise_factor=1.0\nh:1:1 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n")
+    assert parse_log(log) == {"gpu": "8x NVIDIA RTX PRO 6000 Blackwell Server Edition (simulated)",
+                              "nccl": "2.21.5+cuda12.4"}
+    assert parse_log("GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-1)\nGPU 1: NVIDIA A100-SXM4-80GB (UUID: GPU-2)\n") \
+        == {"gpu": "2x NVIDIA A100-SXM4-80GB"}
+    assert engine_version({"version.version": "0.11.0"}) == "0.11.0"
+    assert engine_version({"get_server_info.version": "0.5.5", "get_server_info.x": 1}) == "0.5.5"
+    assert engine_version({'metrics.vllm:info{version="0.9.1"}': 1.0}) == "0.9.1"
+    assert engine_version(None) is None and engine_version({"a": 1}) is None
+    facts = {"gpu": "2x NVIDIA H200", "driver": "570.124.06", "sources": ["nvidia-smi"]}
+    assert select_host_facts({"ssh://gpu1": facts, "local": {}}, "ssh://gpu1") == facts
+    assert select_host_facts(facts, "anything") == facts and select_host_facts("junk", None) == {}
+    prov = provenance(engine="sglang", server_info={"get_server_info.version": "0.5.5"}, log_text=log, facts=facts)
+    assert (prov["engine_version"], prov["gpu"], prov["driver"], prov["nccl"]) == \
+        ("0.5.5", "2x NVIDIA H200", "570.124.06", "2.21.5+cuda12.4")
+    assert prov["sources"] == {"engine_version": "server info", "gpu": "host facts", "driver": "host facts",
+                               "nccl": "server log"}
+    bare = provenance(engine="custom", server_info=None)
+    assert all(bare[k] == "unknown" for k in ("engine_version", "gpu", "driver", "nccl"))
+
+
+# -- memory parameters backed off from the failure boundary ------------------------------------------
+MFS_SPACE = {"type": "float", "low": 0.5, "high": 0.95, "step": 0.01, "flag": "--mem-fraction-static", "default": 0.9}
+
+
+def memory_study(tmp: Path, rows: list[tuple[float, float | None, str | None, str | None]], *,
+                 low: float = 0.5, host_facts: dict[str, Any] | None = None) -> str:
+    """A stored study of the simulated engine over mem_fraction_static and NCCL_MIN_NCHANNELS=8:
+    one trial per row ``(value, measured or None, failure kind, failure cause)``."""
+    import yaml
+
+    space = tmp / "space.yaml"
+    space.write_text(yaml.safe_dump({"name": "mem", "parameters": {"mem_fraction_static": {**MFS_SPACE, "low": low},
+        "NCCL_MIN_NCHANNELS": {"type": "int", "low": 1, "high": 32, "env": "NCCL_MIN_NCHANNELS", "default": 8}}}))
+    storage = f"sqlite:///{tmp}/studies.db"
+    study = optuna.create_study(study_name="mem", storage=storage, direction="maximize")
+    study.set_user_attr("objective", {"metric": "output_throughput", "direction": "maximize"})
+    study.set_user_attr("config", {"name": "mem", "space": str(space), "objective": "quick", "target": {
+        "engine": "sim", "command": "{python} -m autotune.sim serve --scenario {scenario} --host {host} --port {port}"}})
+    if host_facts is not None:
+        study.set_user_attr("host_facts", host_facts)
+    for mfs, value, kind, cause in rows:
+        tmpl = [sys.executable, "-m", "autotune.sim", "serve", "--scenario", "s", "--host", "127.0.0.1", "--port",
+                "{port}", "--mem-fraction-static", str(mfs)]
+        attrs = {"outcome": "ok" if value else "infeasible", "feasible": value is not None, "failure_kind": kind,
+                 "failure_cause": cause, "failure_message": "CUDA out of memory" if kind else None,
+                 "metrics": {"output_throughput": value} if value else {},
+                 "applied": {"mem_fraction_static": mfs, "NCCL_MIN_NCHANNELS": 8}, "env": {"NCCL_MIN_NCHANNELS": "8"},
+                 "argv": [w.replace("{port}", "30001") for w in tmpl], "argv_template": tmpl, "port": 30001,
+                 "host": "local", "server_info": {"get_server_info.version": "0.5.5-sim"}}
+        study.add_trial(optuna.trial.create_trial(value=value, user_attrs=attrs) if value is not None else
+                        optuna.trial.create_trial(state=optuna.trial.TrialState.PRUNED, user_attrs=attrs))
+    return storage
+
+
+def export_json(tmp: Path, storage: str, *extra: str) -> dict[str, Any]:
+    proc = cli("export", "mem", "--format", "json", "--storage", storage, *extra, cwd=tmp)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_a_memory_parameter_next_to_an_oom_is_backed_off_by_the_margin(tmp_path: Path) -> None:
+    facts = {"local": {"gpu": "8x NVIDIA H200", "driver": "570.124.06", "nccl": "2.21.5", "sources": ["nvidia-smi"]}}
+    storage = memory_study(tmp_path, [(0.92, 100.0, None, None), (0.93, None, "oom", None), (0.92, 110.0, None, None),
+                                      (0.85, 90.0, None, None)], host_facts=facts)
+    prof = export_json(tmp_path, storage)
+    (note,) = prof["memory"]
+    assert (note["measured"], note["exported"], note["margin"]) == (0.92, 0.91, 0.02)
+    assert note["boundary"] == {"value": 0.93, "trial": 1, "kind": "oom"}
+    assert prof["params"]["mem_fraction_static"] == 0.91 and prof["measured_params"]["mem_fraction_static"] == 0.92
+    assert prof["command"][-2:] == ["--mem-fraction-static", "0.91"]
+    # the measurement: both trials of the best configuration, pooled, said to be of the values before
+    m = prof["measured"]
+    assert m["count"] == 2 and m["mean"] == pytest.approx(105.0) and m["trials"] == [0, 2]
+    assert m["interval95"][0] < 105 < m["interval95"][1] and "before the memory back-off" in m["text"]
+    assert (prof["provenance"]["gpu"], prof["provenance"]["driver"], prof["provenance"]["nccl"]) == \
+        ("8x NVIDIA H200", "570.124.06", "2.21.5")
+    sh = cli("export", "mem", "--format", "sh", "--storage", storage, cwd=tmp_path)
+    assert "# memory: mem_fraction_static 0.92 -> 0.91: trial 1 failed (oom) at 0.93" in sh.stdout
+    assert "--mem-fraction-static 0.91\n" in sh.stdout and "0.92\n" not in sh.stdout
+    assert "# engine: sim (version 0.5.5-sim); GPU: 8x NVIDIA H200; driver: 570.124.06; NCCL: 2.21.5" in sh.stdout
+    assert "memory back-off: mem_fraction_static 0.92 -> 0.91" in sh.stderr
+    wide = export_json(tmp_path, storage, "--memory-margin", "0.1")
+    assert wide["memory"][0]["exported"] == 0.83
+
+
+@pytest.mark.parametrize("rows, low, exported, text", [
+    ([(0.92, 100.0, None, None), (0.95, 80.0, None, None)], 0.5, 0.92,
+     "no memory failure (OOM) seen up to 0.95 (the space's high bound)"),
+    ([(0.92, 100.0, None, None), (0.95, None, "oom", None)], 0.5, 0.92, "at least the margin 0.02 above it"),
+    ([(0.91, 100.0, None, None), (0.92, None, "crash-under-load", "oom")], 0.9, 0.9,
+     "0.91 -> 0.9 (the space's low bound): trial 1 failed (oom-under-load) at 0.92"),
+    ([(0.92, 100.0, None, None), (0.93, None, "oom", None), (0.91, None, "not-enough-memory", None)], 0.5, 0.92,
+     "no safe value between them"),
+    ([(0.92, 100.0, None, None), (0.92, None, "not-enough-memory", None)], 0.5, 0.9,
+     "trial 1 failed (not-enough-memory) at 0.92"),
+], ids=["no-failure", "far-enough", "low-bound", "failures-both-sides", "same-value-failed"])
+def test_memory_back_off_rules(tmp_path: Path, rows: list[Any], low: float, exported: float, text: str) -> None:
+    prof = export_json(tmp_path, memory_study(tmp_path, rows, low=low))
+    (note,) = prof["memory"]
+    assert note["exported"] == exported and text in note["text"], note
+    assert prof["params"]["mem_fraction_static"] == exported
+
+
+def test_a_backed_off_value_the_study_measured_is_recorded_with_its_own_measurement(tmp_path: Path) -> None:
+    storage = memory_study(tmp_path, [(0.92, 100.0, None, None), (0.93, None, "oom", None), (0.91, 97.0, None, None)])
+    prof = export_json(tmp_path, storage)
+    assert prof["memory"][0]["exported"] == 0.91 and prof["trial"] == 0
+    assert prof["measured"]["trials"] == [2] and prof["measured"]["mean"] == 97.0
+    assert "measured at the backed-off values" in prof["measured"]["text"]
+
+
+# -- reading a profile back (autotune verify) ----------------------------------------------------
+def test_every_format_reads_back_as_the_same_profile(tmp_path: Path) -> None:
+    from autotune.export import load_profile
+
+    best, _ = secret_trial()
+    options = {"verify": {"engine": "sim", "objective": {"name": "quick"}}}
+    prof = json.loads(rendered("json", best, **options))
+    for fmt in FORMATS:
+        path = tmp_path / f"p.{fmt}"
+        path.write_text(rendered(fmt, best, **options))
+        loaded = load_profile(path)
+        assert loaded.script == (fmt == "sh"), fmt
+        assert {k: v for k, v in loaded.data.items() if k != "exported_at"} == \
+            {k: v for k, v in prof.items() if k != "exported_at"}, fmt
+
+
+def test_verify_takes_the_secrets_from_the_environment_and_names_a_missing_one() -> None:
+    from autotune.export import _expand_secrets
+
+    best, args = secret_trial()
+    prof = json.loads(rendered("json", best))
+    env, words = _expand_secrets(prof, {"HF_TOKEN": HF, "API_KEY": KEY, "DB_PASSWORD": PASS})
+    assert env["HF_TOKEN"] == HF and env["AT_PLAIN"] == "${HF_TOKEN}"  # the user's literal text stays
+    assert words[0] == "{python}" and words[3:] == args
+    with pytest.raises(UsageError, match="set DB_PASSWORD in the environment"):
+        _expand_secrets(prof, {"HF_TOKEN": HF, "API_KEY": KEY})

@@ -115,35 +115,81 @@ def test_sigterm_stops_every_running_trial_on_the_cluster(cluster: LocalRayClust
             states=(optuna.trial.TrialState.WAITING,)))
 
 
-def test_a_killed_node_quarantines_its_slot_and_the_trial_runs_elsewhere(tmp_path: Path) -> None:
+def test_ssh_hosts_are_the_slots_under_ray_and_an_unreachable_one_stops_the_study(cluster: LocalRayCluster,
+                                                                                  tmp_path: Path) -> None:
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(json.dumps({**DEMO_CONFIG, "name": "noslot", "storage": f"sqlite:///{tmp_path}/n.db",
+                               "executor": "ray", "ray": {"address": cluster.address},
+                               "target": {**DEMO_CONFIG["target"], "hosts": ["ssh://nobody@127.0.0.1:1"]}}))
+    proc = autotune("study", "start", str(cfg), "--trials", "1", cwd=tmp_path, check=False, timeout=300)
+    # The SSH host is the slot (its task runs on any node): the unreachable host is a fault per
+    # trial until its slot is quarantined, and with no healthy slot left the study stops.
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "infrastructure faults in a row (host-unreachable" in last, proc.stderr
+    study = _study(f"sqlite:///{tmp_path}/n.db", "noslot")
+    assert [t.user_attrs["failure_kind"] for t in study.trials] == ["host-unreachable"] * 3
+    assert study.user_attrs["slots"][0]["health"] == "quarantined"
+
+
+def test_a_slot_no_node_offers_is_a_fault_not_a_hang(cluster: LocalRayCluster, tmp_path: Path) -> None:
+    """A trial submitted to a slot whose node is gone comes back as slot-unavailable. Kills node
+    c of the module's cluster (the tests above need all three)."""
+    from autotune.ray_executor import RayExecutor
+
+    cfg = StudyConfig.from_mapping({**DEMO_CONFIG, "storage": f"sqlite:///{tmp_path}/g.db"})
+    executor = RayExecutor(cfg, log_dir=tmp_path / "logs", address=cluster.address, schedule_timeout_s=3600)
+    try:
+        assert [s.name for s in executor.slots()] == ["a", "b", "c"]
+        cluster.kill_node("c")
+        slot_c = next(s for s in executor.slots() if s.name == "c")
+        phases: list[str] = []
+        executor.submit(TrialSpec(0, env={}, args=[]), slot_c, lambda p, d: phases.append(p))
+        finished = []
+        for _ in range(600):  # guard only: the resource check runs every 2 s
+            finished = executor.wait(1.0)
+            if finished:
+                break
+        assert len(finished) == 1
+        result = finished[0].result
+        assert result.outcome == "fault" and result.failure is not None
+        assert result.failure.kind == "slot-unavailable", result.failure
+        assert "autotune_slot:c" in result.failure.message
+        assert phases == []  # it never started
+    finally:
+        executor.close()
+
+
+def test_a_killed_node_quarantines_its_slot_and_the_trial_runs_elsewhere(cluster: LocalRayCluster,
+                                                                         tmp_path: Path) -> None:
+    """Kills node b (after the test above killed c, if it ran): the module's last use of it."""
     storage = f"sqlite:///{tmp_path}/k.db"
-    with LocalRayCluster(["a", "b", "c"]) as cluster:
-        driver = subprocess.Popen(
-            [sys.executable, "-m", "autotune", "study", "start", "--demo", "--name", "kill", "--storage", storage,
-             "--trials", "5", "--seed", "4", "--executor", "ray", "--address", cluster.address],
-            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        victim = None
-        try:
-            for _ in range(1200):  # a guard against a hang, not a time limit
-                if driver.poll() is not None:
-                    break
-                try:
-                    study = _study(storage, "kill")
-                except KeyError:
-                    time.sleep(0.2)
-                    continue
-                running = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-                           if t.user_attrs.get("slot") == "b" and t.user_attrs.get("server_tag")
-                           and t.user_attrs.get("phase") in ("warming", "measuring", "launching")]
-                if running:
-                    victim = running[0]
-                    cluster.kill_node("b")
-                    break
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "study", "start", "--demo", "--name", "kill", "--storage", storage,
+         "--trials", "5", "--seed", "4", "--executor", "ray", "--address", cluster.address],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    victim = None
+    try:
+        for _ in range(1200):  # a guard against a hang, not a time limit
+            if driver.poll() is not None:
+                break
+            try:
+                study = _study(storage, "kill")
+            except KeyError:
                 time.sleep(0.2)
-            out, err = driver.communicate(timeout=500)
-        finally:
-            if driver.poll() is None:
-                driver.kill()
+                continue
+            running = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+                       if t.user_attrs.get("slot") == "b" and t.user_attrs.get("server_tag")
+                       and t.user_attrs.get("phase") in ("warming", "measuring", "launching")]
+            if running:
+                victim = running[0]
+                cluster.kill_node("b")
+                break
+            time.sleep(0.2)
+        out, err = driver.communicate(timeout=500)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
     assert victim is not None, "no trial ran on slot b"
     assert driver.returncode == 0, err
     study = _study(storage, "kill")
@@ -159,51 +205,6 @@ def test_a_killed_node_quarantines_its_slot_and_the_trial_runs_elsewhere(tmp_pat
     assert len(finished) == 5
     # The dead node's server did not outlive it.
     assert tagged_pids(killed.user_attrs["server_tag"]) == []
-
-
-def test_a_slot_no_node_offers_is_a_fault_not_a_hang(tmp_path: Path) -> None:
-    """A trial submitted to a slot whose node is gone comes back as slot-unavailable."""
-    from autotune.ray_executor import RayExecutor
-
-    cfg = StudyConfig.from_mapping({**DEMO_CONFIG, "storage": f"sqlite:///{tmp_path}/g.db"})
-    with LocalRayCluster(["x", "y"]) as cluster:
-        executor = RayExecutor(cfg, log_dir=tmp_path / "logs", address=cluster.address, schedule_timeout_s=3600)
-        try:
-            assert [s.name for s in executor.slots()] == ["x", "y"]
-            cluster.kill_node("y")
-            y = next(s for s in executor.slots() if s.name == "y")
-            phases: list[str] = []
-            executor.submit(TrialSpec(0, env={}, args=[]), y, lambda p, d: phases.append(p))
-            finished = []
-            for _ in range(600):  # guard only: the resource check runs every 2 s
-                finished = executor.wait(1.0)
-                if finished:
-                    break
-            assert len(finished) == 1
-            result = finished[0].result
-            assert result.outcome == "fault" and result.failure is not None
-            assert result.failure.kind == "slot-unavailable", result.failure
-            assert "autotune_slot:y" in result.failure.message
-            assert phases == []  # it never started
-        finally:
-            executor.close()
-
-
-def test_ssh_hosts_are_the_slots_under_ray_and_an_unreachable_one_stops_the_study(tmp_path: Path) -> None:
-    with LocalRayCluster(["z"]) as cluster:
-        cfg = tmp_path / "s.yaml"
-        cfg.write_text(json.dumps({**DEMO_CONFIG, "name": "noslot", "storage": f"sqlite:///{tmp_path}/n.db",
-                                   "executor": "ray", "ray": {"address": cluster.address},
-                                   "target": {**DEMO_CONFIG["target"], "hosts": ["ssh://nobody@127.0.0.1:1"]}}))
-        proc = autotune("study", "start", str(cfg), "--trials", "1", cwd=tmp_path, check=False, timeout=300)
-    # The SSH host is the slot (its task runs on any node): the unreachable host is a fault per
-    # trial until its slot is quarantined, and with no healthy slot left the study stops.
-    assert proc.returncode == 1, proc.stderr
-    last = proc.stderr.strip().splitlines()[-1]
-    assert "infrastructure faults in a row (host-unreachable" in last, proc.stderr
-    study = _study(f"sqlite:///{tmp_path}/n.db", "noslot")
-    assert [t.user_attrs["failure_kind"] for t in study.trials] == ["host-unreachable"] * 3
-    assert study.user_attrs["slots"][0]["health"] == "quarantined"
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -244,14 +245,15 @@ def test_a_slot_is_quarantined_after_faults_in_a_row_or_at_once_when_gone() -> N
 
 
 def test_gpu_slots_reach_the_server_as_cuda_visible_devices(tmp_path: Path) -> None:
-    """Serial executor over a host declared with 2 GPUs and 1 GPU per trial: two slots, and a
-    trial's server runs with its slot's CUDA_VISIBLE_DEVICES."""
+    """Serial executor over a host declared with 2 GPUs and 1 GPU per trial: two slots, one trial
+    at a time on the first, and a trial's server runs with its slot's CUDA_VISIBLE_DEVICES."""
     cfg = tmp_path / "g.yaml"
     cfg.write_text(json.dumps({**DEMO_CONFIG, "name": "gpus", "storage": f"sqlite:///{tmp_path}/g.db",
                                "target": {**DEMO_CONFIG["target"], "host_gpus": 2, "gpus_per_trial": 1}}))
-    autotune("study", "start", str(cfg), "--trials", "1", cwd=tmp_path, timeout=300)
+    autotune("study", "start", str(cfg), "--trials", "2", cwd=tmp_path, timeout=300)
     study = _study(f"sqlite:///{tmp_path}/g.db", "gpus")
-    t = study.trials[0]
-    assert t.user_attrs["slot"] == "local[gpu 0]" and t.user_attrs["gpus"] == [0]
-    assert t.user_attrs["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+    assert len(study.trials) == 2
+    for t in study.trials:
+        assert t.user_attrs["slot"] == "local[gpu 0]" and t.user_attrs["gpus"] == [0]
+        assert t.user_attrs["env"]["CUDA_VISIBLE_DEVICES"] == "0"
     assert [s["name"] for s in study.user_attrs["slots"]] == ["local[gpu 0]", "local[gpu 1]"]

@@ -156,7 +156,7 @@ def test_exported_sh_profile_starts_the_best_server(tmp_path: Path) -> None:
     script = (tmp_path / "p.sh").read_text()
     assert "export NCCL_MIN_NCHANNELS=8" in script and "--mem-fraction-static 0.92" in script
     port = free_port()
-    server = subprocess.Popen(["bash", "p.sh"], cwd=tmp_path, env={**os.environ, "PORT": str(port)},
+    server = subprocess.Popen(["bash", "p.sh"], cwd=tmp_path, env={**os.environ, "PORT": str(port), "PYTHON": sys.executable},
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         assert wait_http_ok(f"http://127.0.0.1:{port}/health", 60, alive=lambda: server.poll() is None)

@@ -61,7 +61,7 @@ VLLM = EnginePreset(
     api="openai",
     ready_path="/health",
     default_port=8000,
-    info_paths=("/metrics",),
+    info_paths=("/version", "/metrics"),
     ready_probe=False,  # /health answers only once the engine core is up (see above)
     patterns=_FIRST + COMMON_PATTERNS + _LAST,
 )

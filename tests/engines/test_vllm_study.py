@@ -164,7 +164,7 @@ def test_real_vllm_study_measures_classifies_and_exports(tiny_model: Path, tmp_p
     assert f"VLLM_CPU_KVCACHE_SPACE={best['params']['VLLM_CPU_KVCACHE_SPACE']}" in script, script
     assert f"--max-num-seqs {best['params']['max_num_seqs']}" in script, script
     port = free_port()
-    server = subprocess.Popen(["bash", "vllm.sh"], cwd=tmp_path, env={**os.environ, "PORT": str(port)},
+    server = subprocess.Popen(["bash", "vllm.sh"], cwd=tmp_path, env={**os.environ, "PORT": str(port), "PYTHON": sys.executable},
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         _wait_ready(port, server)

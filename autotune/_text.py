@@ -1,0 +1,26 @@
+"""Text that must stay on one line (profile headers, notes, error messages)."""
+
+from __future__ import annotations
+
+import unicodedata
+
+__all__ = ["one_line"]
+
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def one_line(text: str) -> str:
+    """``text`` safe to put after ``#``: every control (Cc), format (Cf: bidi overrides,
+    zero-width), surrogate, private-use or unassigned character, and every line or paragraph
+    separator, shown as an escape (``\\n``, ``\\x1b``, ``\\u2028``). Contract: the result has no
+    character of those categories, so no newline of any kind."""
+    out = []
+    for ch in text:
+        cat = unicodedata.category(ch)
+        if cat[0] == "C" or cat in ("Zl", "Zp"):
+            code = ord(ch)
+            out.append(_NAMED.get(ch) or (f"\\x{code:02x}" if code < 0x100 else
+                                          f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"))
+        else:
+            out.append(ch)
+    return "".join(out)

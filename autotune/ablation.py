@@ -1,0 +1,149 @@
+"""Ablation: which of the best trial's changes earned its gain over the baseline.
+
+:func:`plan` lists the runs: the baseline and the best configuration again, and the best with
+each changed parameter reverted to its baseline value, one at a time, each ``repeats`` times.
+They run as ordinary trials of the same study (enqueued, tagged with the user attr
+``ablation = {"run", "label"}``), so they are measured, recorded and shown like any other trial.
+:func:`analyse` then reads them back: a parameter's share of the gain is
+``(best - best with it reverted) / (best - baseline)``, with a bootstrap interval over the
+repeats; a revert that makes the server fail is reported with its failure kind. Shares need
+not add up to 1: parameters interact.
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.errors import UsageError
+from autotune.study_view import view
+
+ABLATION_ATTR = "ablation"
+"""Trial user attr ``{"run", "label"}`` of an ablation run; study user attr: the last analysis."""
+BOOTSTRAP = 2000
+INTERVAL = 0.90
+
+
+@dataclass(frozen=True)
+class Run:
+    """One trial to run: ``label`` is ``baseline``, ``best`` or ``revert:<param>``."""
+
+    label: str
+    params: dict[str, Any]
+
+
+def _baseline_trial(study: optuna.Study) -> FrozenTrial:
+    feasible = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if t.user_attrs.get("baseline") and t.user_attrs.get("feasible")]
+    if not feasible:
+        raise UsageError(f"study '{study.study_name}' has no measured baseline trial to ablate against")
+    return feasible[0]
+
+
+def _best_trial(study: optuna.Study) -> FrozenTrial:
+    feasible = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if t.user_attrs.get("feasible") and not t.user_attrs.get(ABLATION_ATTR)]
+    if not feasible:
+        raise UsageError(f"study '{study.study_name}' has no feasible trial to ablate")
+    pick = max if study.direction == optuna.study.StudyDirection.MAXIMIZE else min
+    return pick(feasible, key=lambda t: float(t.value))  # type: ignore[arg-type]
+
+
+def plan(study: optuna.Study, repeats: int) -> tuple[str, list[Run], FrozenTrial, FrozenTrial]:
+    """The runs of a new ablation of ``study``'s best trial: ``(run id, runs, best, baseline)``.
+
+    Raises:
+        UsageError: no measured baseline, no feasible trial, or the best is the baseline.
+    """
+    base, best = _baseline_trial(study), _best_trial(study)
+    changed = [k for k in best.params if base.params.get(k) != best.params[k]]
+    if not changed:
+        raise UsageError(f"study '{study.study_name}': the best trial ({best.number}) is the baseline's "
+                         "configuration; there is no gain to attribute")
+    runs = [Run("baseline", dict(base.params)), Run("best", dict(best.params))]
+    runs += [Run(f"revert:{k}", {**best.params, k: base.params[k]}) for k in changed if k in base.params]
+    return uuid.uuid4().hex[:12], [r for r in runs for _ in range(repeats)], best, base
+
+
+def enqueue(study: optuna.Study, run_id: str, runs: list[Run]) -> None:
+    """Enqueue ``runs`` as trials tagged with ``run_id``."""
+    for r in runs:
+        study.enqueue_trial(r.params, user_attrs={ABLATION_ATTR: {"run": run_id, "label": r.label}})
+
+
+def _interval(best: list[float], other: list[float], base: list[float], rng: np.random.Generator) -> tuple[float, float]:
+    """Bootstrap interval of ``(mean(best) - mean(other)) / (mean(best) - mean(base))``."""
+    b, o, z = np.asarray(best), np.asarray(other), np.asarray(base)
+    mb = rng.choice(b, (BOOTSTRAP, len(b))).mean(axis=1)
+    mo = rng.choice(o, (BOOTSTRAP, len(o))).mean(axis=1)
+    mz = rng.choice(z, (BOOTSTRAP, len(z))).mean(axis=1)
+    gain = mb - mz
+    ok = np.abs(gain) > 1e-12
+    shares = (mb[ok] - mo[ok]) / gain[ok]
+    if not len(shares):
+        return float("nan"), float("nan")
+    lo, hi = np.quantile(shares, [(1 - INTERVAL) / 2, (1 + INTERVAL) / 2])
+    return float(lo), float(hi)
+
+
+def analyse(study: optuna.Study, run_id: str, best: FrozenTrial, base: FrozenTrial, *, seed: int = 0) -> dict[str, Any]:
+    """The ablation ``run_id`` as a JSON-able document (also what ``study ablate --json`` prints).
+
+    Raises:
+        UsageError: the baseline or the best configuration was not measured in this run.
+    """
+    groups: dict[str, list[FrozenTrial]] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        tag = t.user_attrs.get(ABLATION_ATTR)
+        if isinstance(tag, dict) and tag.get("run") == run_id:
+            groups.setdefault(str(tag.get("label")), []).append(t)
+
+    def values(label: str) -> list[float]:
+        return [float(t.value) for t in groups.get(label, []) if t.state == TrialState.COMPLETE  # type: ignore[arg-type]
+                and t.user_attrs.get("feasible")]
+
+    best_v, base_v = values("best"), values("baseline")
+    if not best_v or not base_v:
+        raise UsageError("the ablation did not measure both the baseline and the best configuration "
+                         "(see `autotune study show`)")
+    rng = np.random.default_rng(seed)
+    gain = statistics.fmean(best_v) - statistics.fmean(base_v)
+    bv, zv = view(best), view(base)
+    rows = []
+    for label, trials in groups.items():
+        if not label.startswith("revert:"):
+            continue
+        name = label.removeprefix("revert:")
+        got = values(label)
+        failed = [t.user_attrs.get("failure_kind") or "?" for t in trials if not t.user_attrs.get("feasible")]
+        row: dict[str, Any] = {"parameter": name, "best": best.params.get(name), "baseline": base.params.get(name),
+                               "trials": [t.number for t in trials], "measured": len(got), "failed": failed}
+        if got:
+            mean = statistics.fmean(got)
+            lo, hi = _interval(best_v, got, base_v, rng)
+            row |= {"mean": round(mean, 4), "share": round((statistics.fmean(best_v) - mean) / gain, 4) if gain else None,
+                    "share_low": round(lo, 4), "share_high": round(hi, 4)}
+        rows.append(row)
+    rows.sort(key=lambda r: (r.get("share") is None, -(r.get("share") or 0.0)))
+    return {
+        "run": run_id,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "best_trial": best.number,
+        "baseline_trial": base.number,
+        "best_mean": round(statistics.fmean(best_v), 4),
+        "best_n": len(best_v),
+        "baseline_mean": round(statistics.fmean(base_v), 4),
+        "baseline_n": len(base_v),
+        "gain": round(gain, 4),
+        "interval": INTERVAL,
+        "applied_best": bv.params,
+        "applied_baseline": zv.params,
+        "parameters": rows,
+    }

@@ -1,0 +1,231 @@
+"""Where a measurement was made: the engine and its version, the GPUs and their driver, NCCL.
+
+Three sources, each optional, combined by :func:`provenance` (the first that knows a fact wins):
+
+- the study's ``host_facts`` user attr, recorded by the driver at study start with
+  :func:`host_facts` on each host (``nvidia-smi``, and NCCL through the host's Python if asked);
+- the trial's ``server_info`` user attr (what the server answered on its info paths: SGLang's
+  ``/get_server_info`` ``version``, vLLM's ``/version``, the simulated host's);
+- the trial's server log (``NCCL version 2.x.y`` as NCCL prints it, GPU names as the engines and
+  ``nvidia-smi`` print them).
+
+A fact no source knows is ``"unknown"``. Nothing here raises on odd input: provenance never
+stops an export.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+UNKNOWN = "unknown"
+
+Runner = Callable[[list[str]], "str | None"]
+"""Runs an argv on a host and returns its standard output, or None when the command is missing,
+fails or cannot be run (the host does not answer)."""
+
+NVIDIA_SMI = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
+NCCL_PROBE = ("import torch; v = torch.cuda.nccl.version(); "
+              "print('.'.join(map(str, v)) if isinstance(v, tuple) else v)")
+"""Prints the NCCL version torch was built with (the one a torch-based engine loads)."""
+
+
+# -- runners ----------------------------------------------------------------------------------
+def local_runner(timeout_s: float = 30.0) -> Runner:
+    """A :data:`Runner` for this machine."""
+
+    def run(argv: list[str]) -> str | None:
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError, ValueError):
+            return None
+        return proc.stdout if proc.returncode == 0 else None
+
+    return run
+
+
+def shell_runner(run_script: Callable[..., Any], timeout_s: float = 30.0) -> Runner:
+    """A :data:`Runner` over a host method that runs shell text and returns a result with
+    ``exited`` and ``stdout`` (:meth:`autotune.sshhost.SSHHost.run`); any exception (the host does
+    not answer) is None."""
+
+    def run(argv: list[str]) -> str | None:
+        try:
+            result = run_script(shlex.join(argv), timeout_s=timeout_s)
+        except Exception:  # noqa: BLE001 - a fact we cannot get is "unknown", never an error
+            return None
+        return str(result.stdout) if getattr(result, "exited", 1) == 0 else None
+
+    return run
+
+
+def runner_for(host: Any, timeout_s: float = 30.0) -> Runner:
+    """The :data:`Runner` of a :class:`~autotune.hosts.Host`: SSH hosts through their ``run``,
+    any other (local) host with :func:`local_runner`."""
+    if getattr(host, "remote", False) and callable(getattr(host, "run", None)):
+        return shell_runner(host.run, timeout_s)
+    return local_runner(timeout_s)
+
+
+# -- host facts -------------------------------------------------------------------------------
+def host_facts(run: Runner, *, python: str | None = None) -> dict[str, Any]:
+    """What the host says about its GPUs (``nvidia-smi``) and, with ``python`` (the interpreter
+    that runs the engine there), the NCCL version its torch loads.
+
+    Returns a JSON-able dict: ``gpu`` (``"8x NVIDIA H200"``, or ``"NVIDIA H100, NVIDIA A100"`` when
+    they differ), ``driver``, ``gpus`` (one ``{"name", "driver", "memory"}`` per GPU), ``nccl``
+    where known, and ``sources`` (what answered). A host without ``nvidia-smi`` gives
+    ``{"sources": []}`` (no key is invented).
+    """
+    facts: dict[str, Any] = {"sources": []}
+    out = _safe(run, NVIDIA_SMI)
+    gpus = parse_nvidia_smi(out) if out else []
+    if gpus:
+        facts["gpus"] = gpus
+        facts["gpu"] = summarise([g["name"] for g in gpus])
+        drivers = sorted({g["driver"] for g in gpus if g.get("driver")})
+        if drivers:
+            facts["driver"] = ", ".join(drivers)
+        facts["sources"].append("nvidia-smi")
+    if python:
+        out = _safe(run, [python, "-c", NCCL_PROBE])
+        version = (out or "").strip().splitlines()[-1:] if out else []
+        if version and re.fullmatch(r"\d+(\.\d+)+\S*", version[0].strip()):
+            facts["nccl"] = version[0].strip()
+            facts["sources"].append("torch.cuda.nccl.version()")
+    return facts
+
+
+def _safe(run: Runner, argv: list[str]) -> str | None:
+    try:
+        out = run(argv)
+    except Exception:  # noqa: BLE001 - see shell_runner
+        return None
+    return out if isinstance(out, str) else None
+
+
+def parse_nvidia_smi(text: str) -> list[dict[str, str]]:
+    """The GPUs of ``nvidia-smi --query-gpu=name,driver_version[,memory.total] --format=csv,noheader``."""
+    gpus = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if not cells or not cells[0] or cells[0].lower().startswith(("name", "no devices", "nvidia-smi has failed")):
+            continue
+        gpu = {"name": cells[0]}
+        if len(cells) > 1 and cells[1]:
+            gpu["driver"] = cells[1]
+        if len(cells) > 2 and cells[2]:
+            gpu["memory"] = cells[2]
+        gpus.append(gpu)
+    return gpus
+
+
+def summarise(names: Iterable[str]) -> str:
+    """``8x NVIDIA H200`` for eight alike; the distinct names, counted, for a mix."""
+    counts: dict[str, int] = {}
+    for n in names:
+        counts[n] = counts.get(n, 0) + 1
+    return ", ".join(f"{c}x {n}" if c > 1 else n for n, c in counts.items())
+
+
+# -- server log and server info -----------------------------------------------------------------
+_NCCL = re.compile(r"NCCL version (\d+\.\d+\.\d+(?:\+cuda[\d.]+)?)")
+_GPU_PATTERNS = (
+    # the simulated host: "Simulated host: scenario=NAME (8x NVIDIA RTX PRO 6000 ...), time_scale=..."
+    (re.compile(r"Simulated host: scenario=\S+ \((\d+x [^()]+?)\)"), " (simulated)"),
+    # nvidia-smi -L: "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-...)"
+    (re.compile(r"^GPU \d+: (.+?) \(UUID:", re.M), ""),
+    # torch / engines: "device name: NVIDIA H200", "GPU name: NVIDIA A100-SXM4-80GB"
+    (re.compile(r"(?:device|GPU)[ _]name\s*[:=]\s*'?((?:NVIDIA|AMD|Tesla|Quadro)[^',\n]*)", re.I), ""),
+)
+_DRIVER = re.compile(r"Driver Version:?\s*([\d.]+)", re.I)
+
+
+def parse_log(text: str) -> dict[str, str]:
+    """Facts printed in a server log: ``nccl`` (``NCCL version X``), ``gpu``, ``driver``."""
+    facts: dict[str, str] = {}
+    m = _NCCL.search(text)
+    if m:
+        facts["nccl"] = m.group(1)
+    for regex, suffix in _GPU_PATTERNS:
+        found = regex.findall(text)
+        if found:
+            if regex.pattern.startswith("^GPU"):
+                facts["gpu"] = summarise(found)
+            else:
+                facts["gpu"] = found[0].strip() + suffix
+            break
+    m = _DRIVER.search(text)
+    if m:
+        facts["driver"] = m.group(1)
+    return facts
+
+
+def engine_version(server_info: Mapping[str, Any] | None) -> str | None:
+    """The engine's version from a trial's ``server_info`` (keys ``PATH.KEY`` as the driver stores
+    them: ``get_server_info.version``, ``version.version``, ...); None where it is not there."""
+    if not isinstance(server_info, Mapping):
+        return None
+    preferred = ("version.version", "get_server_info.version", "server_info.version", "version")
+    for key in preferred:
+        v = server_info.get(key)
+        if isinstance(v, (str, int, float)) and str(v).strip():
+            return str(v).strip()
+    for key, v in server_info.items():
+        if isinstance(key, str) and key.rsplit(".", 1)[-1] == "version" and isinstance(v, (str, int, float)):
+            return str(v).strip() or None
+        # a Prometheus sample with a version label, e.g. vllm:...{version="0.11.0"} 1.0
+        m = re.search(r'[{,]version="([^"]+)"', key) if isinstance(key, str) else None
+        if m:
+            return m.group(1)
+    return None
+
+
+def select_host_facts(attr: Any, host: str | None) -> dict[str, Any]:
+    """The facts of ``host`` from the study's ``host_facts`` attr: either one facts dict (a
+    one-host study) or ``{host name: facts}``."""
+    if not isinstance(attr, Mapping):
+        return {}
+    if any(k in attr for k in ("gpu", "gpus", "sources", "driver", "nccl")):
+        return dict(attr)
+    if host is not None and isinstance(attr.get(host), Mapping):
+        return dict(attr[host])
+    if len(attr) == 1:
+        (only,) = attr.values()
+        return dict(only) if isinstance(only, Mapping) else {}
+    return {}
+
+
+def provenance(*, engine: str, server_info: Mapping[str, Any] | None, log_text: str = "",
+               facts: Mapping[str, Any] | None = None, extra_logs: Iterable[str] = ()) -> dict[str, Any]:
+    """Engine, version, GPU, driver and NCCL of one measurement, each with where it came from.
+
+    ``log_text``: the trial's server log; ``extra_logs``: other text of the same host (failure
+    excerpts of other trials), read only for what the first sources do not know.
+    """
+    facts = dict(facts or {})
+    from_log = parse_log(log_text) if log_text else {}
+    from_others: dict[str, str] = {}
+    for text in extra_logs:
+        for k, v in parse_log(text).items():
+            from_others.setdefault(k, v)
+    version = engine_version(server_info)
+    out: dict[str, Any] = {"engine": engine, "engine_version": version or UNKNOWN}
+    sources: dict[str, str] = {"engine_version": "server info" if version else "none"}
+    for key in ("gpu", "driver", "nccl"):
+        for name, src in (("host facts", facts), ("server log", from_log), ("other trials' logs", from_others)):
+            v = src.get(key)
+            if isinstance(v, str) and v.strip():
+                out[key] = v.strip()
+                sources[key] = name
+                break
+        else:
+            out[key] = UNKNOWN
+            sources[key] = "none"
+    if isinstance(facts.get("gpus"), list):
+        out["gpus"] = facts["gpus"]
+    out["sources"] = sources
+    return out

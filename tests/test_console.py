@@ -1,0 +1,80 @@
+"""What a person sees while a study runs: a moving clock per running trial, failure messages that
+keep their last words, and a summary that fits an 80-column terminal (checked by hand under tmux
+at 80x24 too: see docs/usage.md)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import optuna
+from optuna.distributions import CategoricalDistribution, IntDistribution
+from rich.cells import cell_len
+from rich.console import Console
+
+from autotune.failures import Failure
+from autotune.progress import ConsoleReporter, _LiveStatus, shorten
+from autotune.runner import TrialResult
+
+TREE = ("NCCL error in: ProcessGroupNCCL.cpp:3356, invalid usage (run with NCCL_DEBUG=WARN for details), "
+        "NCCL version 2.27.3 ncclInvalidUsage: This usually reflects invalid usage of NCCL library. Last error: "
+        "Error : no algorithm/protocol available for function AllGather with datatype ncclInt8. "
+        "NCCL_ALGO was set to Tree.")
+
+
+def _study(tmp: Path, n: int = 30) -> optuna.Study:
+    study = optuna.create_study(study_name="wide", storage=f"sqlite:///{tmp}/c.db", direction="maximize")
+    dists = {"NCCL_MIN_NCHANNELS": IntDistribution(1, 64), "NCCL_ALGO": CategoricalDistribution(["unset", "Tree", "Ring"]),
+             "a_very_long_parameter_name_for_a_server_flag": IntDistribution(1, 100000)}
+    for i in range(n):
+        params = {"NCCL_MIN_NCHANNELS": 1 + i % 64, "NCCL_ALGO": ["unset", "Tree", "Ring"][i % 3],
+                  "a_very_long_parameter_name_for_a_server_flag": 1000 * i + 1}
+        ok = params["NCCL_ALGO"] != "Tree"
+        attrs = {"outcome": "ok" if ok else "infeasible", "feasible": ok, "applied": params, "baseline": i == 0,
+                 "failure_kind": None if ok else "nccl-error", "duration_s": 12.5}
+        study.add_trial(optuna.trial.create_trial(
+            params=params, distributions=dists, user_attrs=attrs,
+            value=100.0 + i if ok else None,
+            state=optuna.trial.TrialState.COMPLETE if ok else optuna.trial.TrialState.PRUNED))
+    return study
+
+
+def test_the_summary_fits_80_columns_and_shows_the_top_trials(tmp_path: Path) -> None:
+    out = io.StringIO()
+    reporter = ConsoleReporter(Console(file=out, width=80, force_terminal=False, color_system=None), metric="tok/s")
+    reporter.study_finished(_study(tmp_path), "budget reached: 30 trials")
+    lines = out.getvalue().splitlines()
+    assert max(cell_len(line) for line in lines) <= 80, max(lines, key=cell_len)
+    assert len(lines) < 40  # not a row per trial: 30 trials here
+    text = out.getvalue()
+    assert "129" in text and "(baseline)" in text  # the best trial (value 129) and the baseline
+    assert "NCCL_ALGO=Tree" in text  # the crash rule
+    assert "20 ok, 10 infeasible" in text and "nccl-error 10" in text
+    assert "autotune study show wide" in text
+
+
+def test_a_failure_message_keeps_the_value_that_failed() -> None:
+    short = shorten(TREE, 120)
+    assert len(short) <= 120 and short.endswith("NCCL_ALGO was set to Tree.") and short.startswith("NCCL error in")
+    assert shorten("a  b\nc", 120) == "a b c"
+    out = io.StringIO()
+    reporter = ConsoleReporter(Console(file=out, width=80, force_terminal=False, color_system=None))
+    reporter.trial_finished(TrialResult(3, "infeasible", failure=Failure("nccl-error", TREE, "")), None, None)
+    assert "set to Tree" in " ".join(out.getvalue().split())
+
+
+def test_the_live_line_is_made_afresh_for_each_refresh() -> None:
+    """Live redraws its renderable four times a second: it must be computed each time (a Text
+    made once froze the clock at 0.0s), with every running trial and its own phase."""
+    reporter = ConsoleReporter(Console(file=io.StringIO(), width=80, force_terminal=False))
+    reporter.study_started("s", 0, 10)
+    reporter.trial_started(0, {"p": 1}, True, "a")
+    reporter.trial_started(1, {"p": 2}, False, "b")
+    live = _LiveStatus(reporter)
+    first = live.__rich__().plain
+    reporter.phase(1, "measuring", "10/64 requests")
+    second = live.__rich__().plain
+    assert "trial 0 launching" in first and "trial 1 launching" in first
+    assert "trial 1 measuring 10/64 requests" in second and first != second
+    reporter.running[0].start -= 90  # a minute and a half later, the same line says so
+    assert "90." in live.__rich__().plain or "91." in live.__rich__().plain
