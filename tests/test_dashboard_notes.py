@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ import optuna
 import pytest
 import requests
 from optuna.trial import TrialState
+from test_driver_paths import _stop as stop_group
 from test_report import RECORDED, browse, chromium, recorded_study
 
 from autotune._net import free_port, wait_http_ok
@@ -183,10 +183,4 @@ def test_the_dashboard_in_a_real_browser(recorded: Recorded, tmp_path: Path) -> 
         if os.environ.get("AUTOTUNE_KEEP_SCREENSHOT"):
             shutil.copy(shot, os.environ["AUTOTUNE_KEEP_SCREENSHOT"])
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_group(proc)

@@ -233,7 +233,10 @@ def test_text_and_log_files_are_redacted(tmp_path: Path) -> None:
     assert stat.S_IMODE(log.stat().st_mode) == 0o600
 
 
-SECRET_VALUES = st.text(_chars, min_size=MIN_TEXT_SECRET, max_size=20).filter(lambda v: "$" not in v and "{" not in v)
+# A flag's value that starts with "-" is read as another option by the engines' parsers
+# (argparse): no such launch exists, so such values are not generated.
+SECRET_VALUES = st.text(_chars, min_size=MIN_TEXT_SECRET, max_size=20).filter(
+    lambda v: "$" not in v and "{" not in v and not v.startswith("-"))
 
 
 @settings(max_examples=100, deadline=None)

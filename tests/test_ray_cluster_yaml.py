@@ -245,7 +245,7 @@ def ray_node(worker_calls: list[dict[str, Any]], tmp_path: Path) -> Iterator[dic
     port = _free_port()
     cmd = [str(RAY), "start", "--head", f"--port={port}", "--num-cpus=1", resources_arg,
            "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}",
-           f"--ray-client-server-port={_free_port()}", f"--dashboard-port={_free_port()}",
+           f"--dashboard-port={_free_port()}",  # (no --ray-client-server-port: minimal ray refuses it)
            f"--dashboard-agent-listen-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}",
            f"--runtime-env-agent-port={_free_port()}", f"--metrics-export-port={_free_port()}",
            "--object-store-memory=100000000", "--block"]

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import optuna
 import pytest
@@ -76,28 +76,40 @@ def test_a_study_runs_one_trial_per_slot_at_once(cluster: LocalRayCluster, tmp_p
     assert health == {"a": "healthy", "b": "healthy", "c": "healthy"}
 
 
+def _when(driver: subprocess.Popen[str], storage: str, name: str,
+          pick: Callable[[list[optuna.trial.FrozenTrial]], list[optuna.trial.FrozenTrial]],
+          act: Callable[[], None]) -> list[optuna.trial.FrozenTrial]:
+    """Poll the study's RUNNING trials until ``pick`` chooses some, then ``act`` once; returns
+    what it chose ([] if the driver ended first). The loop bound guards against a hang only."""
+    for _ in range(1500):
+        if driver.poll() is not None:
+            return []
+        try:
+            study = _study(storage, name)
+        except KeyError:
+            time.sleep(0.2)
+            continue
+        chosen = pick(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
+        if chosen:
+            act()
+            return chosen
+        time.sleep(0.2)
+    return []
+
+
+def _two_launched(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+    launched = [t for t in trials if t.user_attrs.get("server_tag")]
+    return launched if len(launched) >= 2 else []
+
+
 def test_sigterm_stops_every_running_trial_on_the_cluster(cluster: LocalRayCluster, tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path}/t.db"
     driver = subprocess.Popen(
         [sys.executable, "-m", "autotune", "study", "start", "--demo", "--name", "term", "--storage", storage,
          "--trials", "30", "--executor", "ray", "--address", cluster.address],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    running: list[optuna.trial.FrozenTrial] = []
     try:
-        for _ in range(1500):  # a guard against a hang, not a time limit
-            if driver.poll() is not None:
-                break
-            try:
-                study = _study(storage, "term")
-            except KeyError:
-                time.sleep(0.2)
-                continue
-            running = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-                       if t.user_attrs.get("server_tag")]
-            if len(running) >= 2:
-                driver.send_signal(signal.SIGTERM)
-                break
-            time.sleep(0.2)
+        running = _when(driver, storage, "term", _two_launched, lambda: driver.send_signal(signal.SIGTERM))
         _, err = driver.communicate(timeout=300)
     finally:
         if driver.poll() is None:
@@ -166,26 +178,14 @@ def test_a_killed_node_quarantines_its_slot_and_the_trial_runs_elsewhere(cluster
     storage = f"sqlite:///{tmp_path}/k.db"
     driver = subprocess.Popen(
         [sys.executable, "-m", "autotune", "study", "start", "--demo", "--name", "kill", "--storage", storage,
-         "--trials", "5", "--seed", "4", "--executor", "ray", "--address", cluster.address],
+         "--trials", "3", "--seed", "4", "--executor", "ray", "--address", cluster.address],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    victim = None
     try:
-        for _ in range(1200):  # a guard against a hang, not a time limit
-            if driver.poll() is not None:
-                break
-            try:
-                study = _study(storage, "kill")
-            except KeyError:
-                time.sleep(0.2)
-                continue
-            running = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-                       if t.user_attrs.get("slot") == "b" and t.user_attrs.get("server_tag")
-                       and t.user_attrs.get("phase") in ("warming", "measuring", "launching")]
-            if running:
-                victim = running[0]
-                cluster.kill_node("b")
-                break
-            time.sleep(0.2)
+        chosen = _when(driver, storage, "kill",
+                       lambda ts: [t for t in ts if t.user_attrs.get("slot") == "b" and t.user_attrs.get("server_tag")
+                                   and t.user_attrs.get("phase") in ("warming", "measuring", "launching")],
+                       lambda: cluster.kill_node("b"))
+        victim = chosen[0] if chosen else None
         out, err = driver.communicate(timeout=500)
     finally:
         if driver.poll() is None:
@@ -202,7 +202,7 @@ def test_a_killed_node_quarantines_its_slot_and_the_trial_runs_elsewhere(cluster
     assert slots["b"]["health"] == "quarantined" and "node-died" in slots["b"]["reason"]
     assert "b" not in {t.user_attrs.get("slot") for t in study.trials if t.number > retry[0].number}
     finished = [t for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)]
-    assert len(finished) == 5
+    assert len(finished) == 3
     # The dead node's server did not outlive it.
     assert tagged_pids(killed.user_attrs["server_tag"]) == []
 
