@@ -24,18 +24,21 @@ failure kind K by sequential greedy set cover:
    failures plus what counts against) at least ``min_precision``, and is unlikely by chance: the
    hypergeometric probability of that many K-failures among that many trials drawn from the
    study is below ``alpha`` (``alpha_pair`` for two conditions: many more pairs are tried).
-3. Each step takes the candidate explaining the most failures net of what counts against it
-   (then the purest, then the tightest), over the trials no earlier rule covers: its failures
-   are then explained and its trials leave the pool, so a later rule is judged only on what is
-   left and a rule whose failures another already explains is never printed.
-4. A pair of conditions is taken only when it explains more, net, than any single condition --
-   neither alone explains those failures -- and only when each condition goes with the failures
+3. Each step takes the surest candidate -- the highest lower bound (Wilson, 90 %) of its
+   precision, which weighs purity and support together, so a pure rule takes its failures before
+   a broader, less pure one that covers some of them too -- then the one explaining the most
+   failures net of what counts against it, then the tightest; all over the trials no earlier
+   rule covers: its failures are then explained and its trials leave the pool, so a later rule
+   is judged only on what is left, and a rule whose failures another explains is never printed.
+4. A pair of conditions is taken only when it is surer than any single condition -- neither
+   alone explains those failures -- and only when each condition goes with the failures
    on its own (``alpha_alone``) *and* matters given the other (among the trials one covers, the
    other picks out the failures beyond chance, ``alpha_within``, both ways). Both tests keep out
    the pairs that the sampler's habits make look good (the search concentrates every parameter
    near the best trials, so any parameter seems to "split" a few trials).
 5. Each failure is attributed to the first rule that covers it; the others are reported as
-   explained by no rule.
+   explained by no rule. Values of other parameters that every failure of a rule also had are
+   listed with it (``also_in_all``): the data cannot tell those apart from the rule.
 
 A value that merely co-occurred with the cause (``speculative_num_draft_tokens=4`` in the two
 trials that both had ``NCCL_ALGO=Tree``) explains nothing once the cause is taken, so it is not
@@ -93,7 +96,7 @@ from autotune.study_view import TrialView, view
 MIN_SUPPORT = 3
 """Fewest failures a crash rule rests on."""
 MIN_PRECISION = 0.8
-ALPHA = 0.01
+ALPHA = 0.03
 """Chance (hypergeometric tail) a one-condition rule must be below."""
 ALPHA_PAIR = 0.001
 ALPHA_ALONE = 0.01
@@ -108,9 +111,6 @@ MAX_PAIR_CANDIDATES = 400
 MIN_TRIALS = 20
 """Fewest trials (feasible ones for the objective, finished ones for feasibility) for importances."""
 RESAMPLES = 40
-HALF = True
-STRONG_FINE = True
-FINE_DIV = 2
 RIDGE = 1.0
 SWEEPS = 12
 EFFECT_SHARE = 0.05
@@ -159,7 +159,9 @@ class FailureRule:
 
     ``trials``: the failures attributed to this rule (each failure to one rule); ``other_failures``:
     covered trials that failed with another kind; ``p_value``: the chance of at least ``failed``
-    failures of ``kind`` among ``covered`` trials drawn at random from the study.
+    failures of ``kind`` among ``covered`` trials drawn at random from the study; ``also_in_all``:
+    values of other parameters that every one of those failures also had (a confound the data
+    cannot resolve).
     """
 
     conditions: tuple[Condition, ...]
@@ -169,6 +171,7 @@ class FailureRule:
     trials: list[int] = field(default_factory=list)
     other_failures: int = 0
     p_value: float = 1.0
+    also_in_all: list[str] = field(default_factory=list)
 
     @property
     def condition(self) -> str:
@@ -188,6 +191,7 @@ class FailureRule:
             "other_failures": self.other_failures,
             "trials": list(self.trials),
             "p_value": float(f"{self.p_value:.3g}"),
+            "also_in_all": list(self.also_in_all),
         }
 
 
@@ -274,6 +278,15 @@ def candidate_conditions(rows: Sequence[TrialView]) -> tuple[list[Condition], np
     return conds, np.vstack(masks)
 
 
+def _wilson_low(k: Any, n: Any, z: float = 1.28) -> Any:
+    """Lower end of the Wilson interval (90 % two-sided) of a proportion ``k`` of ``n``."""
+    k, n = np.asarray(k, dtype=float), np.maximum(np.asarray(n, dtype=float), 1e-9)
+    p = k / n
+    centre = p + z * z / (2 * n)
+    half = z * np.sqrt(np.maximum(p * (1 - p) / n + z * z / (4 * n * n), 0.0))
+    return (centre - half) / (1 + z * z / n)
+
+
 def _log_comb(n: int, k: int) -> float:
     return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
 
@@ -346,8 +359,11 @@ def _cover_kind(kind_fail: np.ndarray, weight: np.ndarray, conds: list[Condition
         idx = np.flatnonzero((fail >= s.min_support) & (prec >= s.min_precision))
         if not len(idx):
             return None
-        # most failures explained net of what counts against, then purest, tightest (fewest rows)
-        keys = np.lexsort((idx, cov[idx], -prec[idx], -(fail[idx] - agn[idx])))
+        # surest first (the lower bound of the precision: purity and support together, so a pure
+        # rule takes its failures before a broader, less pure one that covers some of them too),
+        # then the most failures net of what counts against, then the tightest (fewest rows)
+        lb = _wilson_low(fail[idx], fail[idx] + agn[idx])
+        keys = np.lexsort((idx, cov[idx], -(fail[idx] - agn[idx]), -np.round(lb, 6)))
         for j in idx[keys][:500]:
             if chance(fail[j], nag[j]) <= alpha and (extra_ok is None or extra_ok(int(j))):
                 return int(j)
@@ -357,7 +373,7 @@ def _cover_kind(kind_fail: np.ndarray, weight: np.ndarray, conds: list[Condition
     while int((kind_fail & active).sum()) >= s.min_support:
         fail1, agn1, nag1, cov1 = stats(every)
         j = pick(fail1, agn1, nag1, cov1, s.alpha)
-        best_single = fail1[j] - agn1[j] if j is not None else -np.inf
+        best_single = float(_wilson_low(fail1[j], fail1[j] + agn1[j])) if j is not None else -np.inf
         # two conditions, when the pair explains more, net of what counts against, than any one
         # condition: each must matter given the other (both_needed)
         # each condition of a pair must go with the failures on its own too (a crash needs both
@@ -371,7 +387,7 @@ def _cover_kind(kind_fail: np.ndarray, weight: np.ndarray, conds: list[Condition
             n = len(cand)
             fail2, agn2, nag2, cov2 = stats(cand, cand)
             allowed = np.triu(np.ones((n, n), dtype=bool), k=1) & (params_of[cand][:, None] != params_of[cand][None, :])
-            fail2 = np.where(allowed & (fail2 - agn2 > best_single), fail2, 0.0)
+            fail2 = np.where(allowed & (_wilson_low(fail2, fail2 + agn2) > best_single), fail2, 0.0)
 
             def both_needed(flat: int) -> bool:
                 """Among the rows one condition covers, the other picks out the failures beyond
@@ -397,6 +413,14 @@ def _cover_kind(kind_fail: np.ndarray, weight: np.ndarray, conds: list[Condition
             break
         active &= ~mask
     return chosen
+
+
+def _aliases(conds: list[Condition], masks: np.ndarray, idx: tuple[int, ...], failed: np.ndarray) -> list[str]:
+    """Categorical values on other parameters that every failure of a rule also had: the data
+    cannot tell the rule from them (the sampler may have set them together)."""
+    mine = {conds[i].param for i in idx}
+    return [str(c) for c, m in zip(conds, masks)
+            if c.op == "=" and c.param not in mine and bool(m[failed].all()) and int(m.sum()) < len(m)]
 
 
 def failure_rules(views: Sequence[TrialView], **settings: Any) -> RuleReport:
@@ -447,6 +471,7 @@ def failure_rules(views: Sequence[TrialView], **settings: Any) -> RuleReport:
                 trials=[rows[i].number for i in np.flatnonzero(mine)],
                 other_failures=int((mask & crashed & ~kind_fail).sum()),
                 p_value=hypergeom_tail(int(counted.sum()), int(kind_fail.sum()), int((mask & counted).sum()), failed),
+                also_in_all=_aliases(conds, masks, idx, mask & kind_fail),
             ))
         if left.any():
             unexplained[kind] = [rows[i].number for i in np.flatnonzero(left)]
@@ -579,24 +604,18 @@ def importance_of(rows: list[dict[str, Any]], y: Sequence[float], *, relative: b
     scale = (abs(float(yv.mean())) or 1.0) if relative else 1.0
 
     no_effect_spread = NO_EFFECT_SPREAD if relative else NO_EFFECT_SPREAD_FEASIBILITY
-    nb = _n_bins(n // 2 if HALF else n)
+    nb = _n_bins(n)
     named = [(name, _groups([r.get(name) for r in rows], nb)) for name in names]
     varied = [(name, g) for name, g in named if g is not None]
-    fines: list[np.ndarray] = [_groups([r.get(name) for r in rows], max(2 * nb, n // (FINE_DIV * MIN_GROUP)))  # type: ignore[misc]
+    fines: list[np.ndarray] = [_groups([r.get(name) for r in rows], max(2 * nb, n // (2 * MIN_GROUP)))  # type: ignore[misc]
                                for name, _ in varied]
-    # a parameter that matters alone is modelled at the fine resolution throughout: a coarse bin
-    # would leave its effect within the bin in the residual, hiding the small effects of the others
-    sst = float(((yv - yv.mean()) ** 2).sum())
-    if STRONG_FINE:
-        varied = [(name, fine if _epsilon_sq(yv, g, sst)[0] >= EFFECT_SHARE else g)
-                  for (name, g), fine in zip(varied, fines)]
     doc["verdict"] = "ok"
     rng = np.random.default_rng(seed)
     share, spread, share1, spread1 = (np.empty((resamples, len(varied))) for _ in range(4))
     for b in range(resamples):
-        # half-samples without replacement: their spread about the whole is the sampling spread of
-        # the whole (a bootstrap's repeated trials would fit their own noise and bias shares up)
-        idx = rng.permutation(n)[: n // 2] if HALF else rng.integers(0, n, n)
+        # a bootstrap: its repeated trials fit some of their own noise, which biases shares up --
+        # the safe side for "no measurable effect" (half-samples, unbiased, made false claims)
+        idx = rng.integers(0, n, n)
         gs = [np.unique(g[idx], return_inverse=True)[1] for _, g in varied]
         fs = [np.unique(g[idx], return_inverse=True)[1] for g in fines]
         share[b], spread[b] = _partial(yv[idx], gs, fs)

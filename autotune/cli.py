@@ -408,6 +408,8 @@ def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool 
         _out.print(Text("what crashes", "bold"), Text("(rule -> kind (failed of covered); each failure attributed to one rule)"))
     for rule in rules:
         _out.print(Text(f"  {rule['rule']}  trials {', '.join(map(str, rule['trials']))}"))
+        if rule.get("also_in_all"):
+            _out.print(Text(f"    (every one of them also had {' and '.join(rule['also_in_all'])}: not told apart)"))
     if left["count"]:
         kinds = ", ".join(f"{k} x{n}" for k, n in left["kinds"].items())
         noun = "failure" if left["count"] == 1 else "failures"
@@ -416,15 +418,20 @@ def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool 
     imp = doc["importance"]
     for label, part in (("the objective", imp["objective"]), ("feasibility", imp["feasibility"])):
         if part["verdict"] != "ok":
-            _out.print(Text("what matters for " + label, "bold"), Text(f": {part['verdict']}"))
+            _out.print(Text.assemble(("what matters for " + label, "bold"), f": {part['verdict']}"))
             continue
         _out.print(Text("what matters for " + label, "bold"),
-                   Text(f" (share of variance over {part['trials']} trials: median [90 % interval])"))
+                   Text(f"(share of the variance only it accounts for, {part['trials']} trials: median [90 % interval])"))
         for k, v in part["params"].items():
+            verdict = v["verdict"]
+            if verdict == "no measurable effect" and isinstance(v.get("values"), list):
+                tried = v["values"]
+                verdict += f" (over the values tried: {tried[0]}..{tried[1]})" if len(tried) == 2 and all(
+                    isinstance(x, (int, float)) for x in tried) else f" (over the values tried: {', '.join(map(str, tried))})"
             if "median" in v:
-                _out.print(Text(f"  {k:32s} {v['median']:.2f} [{v['low']:.2f}, {v['high']:.2f}]  {v['verdict']}"))
+                _out.print(Text(f"  {k:32s} {v['median']:.2f} [{v['low']:.2f}, {v['high']:.2f}]  {verdict}"))
             else:
-                _out.print(Text(f"  {k:32s} {v['verdict']}"))
+                _out.print(Text(f"  {k:32s} {verdict}"))
 
 
 @study_app.command("ablate")

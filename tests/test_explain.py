@@ -1,0 +1,249 @@
+"""``autotune study explain``: crash rules as a minimal explanation of the failures, importances
+with an interval and honest verdicts. Real stored studies (SQLite), their trials written with the
+attributes the driver writes (``outcome``, ``feasible``, ``failure_kind``, ``applied``)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any, Callable
+
+import optuna
+import pytest
+from optuna.trial import TrialState, create_trial
+
+from autotune.analysis import explain
+from autotune.space import SearchSpace
+from tests.test_study import autotune
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+SPACE = SearchSpace.load("sglang_nccl")
+DISTS = SPACE.distributions()
+MIB = 1 << 20
+
+
+def _random_params(rng: random.Random) -> dict[str, Any]:
+    """A point of the sglang_nccl space, drawn at random (MIN <= MAX repaired as the driver does)."""
+    values: dict[str, Any] = {}
+    for name, dist in DISTS.items():
+        if isinstance(dist, optuna.distributions.CategoricalDistribution):
+            values[name] = rng.choice(list(dist.choices))
+        elif isinstance(dist, optuna.distributions.IntDistribution):
+            values[name] = rng.randint(dist.low, dist.high)
+        else:
+            assert isinstance(dist, optuna.distributions.FloatDistribution) and dist.step
+            values[name] = round(dist.low + rng.randint(0, round((dist.high - dist.low) / dist.step)) * dist.step, 2)
+    return SPACE.repair(values)
+
+
+def _trial(params: dict[str, Any], kind: str | None, value: float | None) -> optuna.trial.FrozenTrial:
+    """One trial as the driver tells it: ok -> COMPLETE, a failure -> PRUNED."""
+    attrs: dict[str, Any] = {"applied": params, "feasible": kind is None, "failure_kind": kind,
+                             "outcome": "ok" if kind is None else "infeasible", "metrics": {}}
+    if kind is None:
+        attrs["metrics"] = {"output_throughput": value}
+        return create_trial(params=params, distributions=DISTS, value=value, user_attrs=attrs)
+    attrs["failure_message"] = f"simulated {kind}"
+    return create_trial(params=params, distributions=DISTS, state=TrialState.PRUNED, user_attrs=attrs)
+
+
+def _study(tmp_path: Path, name: str, n: int, judge: Callable[[dict[str, Any], random.Random], tuple[str | None, float]],
+           *, seed: int = 0, fixed: list[dict[str, Any]] | None = None) -> tuple[optuna.Study, str]:
+    """A stored study of ``n`` random trials (plus ``fixed`` ones first), each judged by ``judge``."""
+    storage = f"sqlite:///{tmp_path}/studies.db"
+    study = optuna.create_study(study_name=name, storage=storage, direction="maximize")
+    rng = random.Random(seed)
+    points = [SPACE.repair({**_random_params(rng), **f}) for f in fixed or []]
+    points += [_random_params(rng) for _ in range(n)]
+    for p in points:
+        kind, value = judge(p, rng)
+        study.add_trial(_trial(p, kind, value))
+    return study, storage
+
+
+PROTO_SPEED = {"unset": 1.0, "LL": 0.6, "LL128": 1.15, "Simple": 0.8}
+
+
+def _throughput(p: dict[str, Any], rng: random.Random) -> float:
+    """Throughput that depends on NCCL_PROTO (a lot), with 2 % noise; nothing else matters."""
+    return 1000.0 * PROTO_SPEED[p["NCCL_PROTO"]] * (1 + 0.02 * rng.gauss(0, 1))
+
+
+def _rules(doc: dict[str, Any]) -> list[str]:
+    return [r["rule"] for r in doc["failure_rules"]]
+
+
+def test_a_confounded_value_is_not_blamed(tmp_path: Path) -> None:
+    """Every failing trial with draft tokens 4 also had NCCL_ALGO=Tree: only Tree is a rule, and
+    every failure is attributed to it."""
+    def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
+        return ("nccl-error", 0.0) if p["NCCL_ALGO"] == "Tree" else (None, _throughput(p, rng))
+
+    tree_spec4 = {"NCCL_ALGO": "Tree", "speculative_num_draft_tokens": 4}
+    study, _ = _study(tmp_path, "confounded", 24, judge, fixed=[tree_spec4] * 3)
+    doc = explain(study)
+    tree = [v for v in study.trials if v.user_attrs["applied"]["NCCL_ALGO"] == "Tree"]
+    assert len(tree) >= 5 and all(t.user_attrs["failure_kind"] == "nccl-error" for t in tree)
+    assert _rules(doc) == [f"NCCL_ALGO=Tree -> nccl-error ({len(tree)} of {len(tree)})"]
+    (rule,) = doc["failure_rules"]
+    assert rule["trials"] == sorted(t.number for t in tree) and rule["kind"] == "nccl-error"
+    assert rule["conditions"] == [{"param": "NCCL_ALGO", "op": "=", "value": "Tree"}]
+    assert rule["failed_of_covered"] == [len(tree), len(tree)]
+    assert doc["unexplained_failures"] == {"count": 0, "trials": [], "kinds": {}}
+
+
+def test_a_confound_the_data_cannot_resolve_is_named(tmp_path: Path) -> None:
+    """Every failure had both NCCL_ALGO=Tree and NCCL_PROTO=LL (the search set them together): the
+    rule says so rather than pretend to know which one crashes."""
+    def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
+        return ("nccl-error", 0.0) if p["NCCL_ALGO"] == "Tree" else (None, _throughput(p, rng))
+
+    study, _ = _study(tmp_path, "alias", 0, judge, fixed=[{"NCCL_ALGO": "Tree", "NCCL_PROTO": "LL"}] * 4
+                      + [{"NCCL_ALGO": a, "NCCL_PROTO": p} for a in ("unset", "Ring") for p in ("unset", "LL128", "Simple")] * 3)
+    (rule,) = explain(study)["failure_rules"]
+    assert rule["kind"] == "nccl-error" and len(rule["trials"]) == 4
+    assert {str(c["value"]) for c in rule["conditions"]} <= {"Tree", "LL"}
+    assert rule["also_in_all"] == ["NCCL_PROTO=LL" if rule["conditions"][0]["value"] == "Tree" else "NCCL_ALGO=Tree"]
+
+
+def test_kinds_are_not_merged(tmp_path: Path) -> None:
+    """High mem_fraction_static OOMs, LL128 hangs NCCL; the two overlap in some trials. Each rule
+    predicts one kind, and a failure of one kind is never attributed to the other's rule."""
+    def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
+        if p["mem_fraction_static"] >= 0.9:
+            return "oom", 0.0
+        if p["NCCL_PROTO"] == "LL128":
+            return "nccl-error", 0.0
+        return None, _throughput(p, rng)
+
+    study, _ = _study(tmp_path, "mixed", 40, judge, seed=3,
+                      fixed=[{"mem_fraction_static": 0.93, "NCCL_PROTO": "LL128"},
+                             {"mem_fraction_static": 0.91, "NCCL_PROTO": "LL128"}])
+    doc = explain(study)
+    kinds = {t.number: t.user_attrs["failure_kind"] for t in study.trials}
+    by_kind = {r["kind"]: r for r in doc["failure_rules"]}
+    assert set(by_kind) == {"oom", "nccl-error"} and len(doc["failure_rules"]) == 2, _rules(doc)
+    assert by_kind["oom"]["conditions"][0]["param"] == "mem_fraction_static"
+    assert by_kind["nccl-error"]["conditions"] == [{"param": "NCCL_PROTO", "op": "=", "value": "LL128"}]
+    for rule in doc["failure_rules"]:
+        assert {kinds[n] for n in rule["trials"]} == {rule["kind"]}
+    # The LL128 trials that OOMed first do not refute the LL128 rule, and are shown as covered.
+    ll128 = [t for t in study.trials if t.user_attrs["applied"]["NCCL_PROTO"] == "LL128"]
+    assert by_kind["nccl-error"]["failed_of_covered"] == [sum(kinds[t.number] == "nccl-error" for t in ll128), len(ll128)]
+    assert by_kind["nccl-error"]["other_failures"] >= 2
+    assert doc["unexplained_failures"]["count"] == 0
+
+
+def test_a_mixed_region_makes_no_rule(tmp_path: Path) -> None:
+    """Today's ``mem_fraction_static >= 0.87: 2/2 infeasible (mostly oom)``: two failures of two
+    kinds are no rule, and are reported as explained by no rule."""
+    def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
+        return None, _throughput(p, rng)
+
+    study, _ = _study(tmp_path, "few", 20, judge, seed=5)
+    for params, kind in (({"mem_fraction_static": 0.88}, "oom"), ({"mem_fraction_static": 0.9}, "nccl-error")):
+        study.add_trial(_trial(SPACE.repair({**_random_params(random.Random(9)), **params}), kind, None))
+    doc = explain(study)
+    assert doc["failure_rules"] == []
+    assert doc["unexplained_failures"]["count"] == 2
+    assert doc["unexplained_failures"]["kinds"] == {"nccl-error": 1, "oom": 1}
+
+
+def test_a_pairwise_rule_when_only_the_combination_crashes(tmp_path: Path) -> None:
+    """Many channels crash only with big buffers (the buffers do not fit): one rule over both."""
+    def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
+        if p["NCCL_MIN_NCHANNELS"] >= 12 and p["NCCL_BUFFSIZE"] >= 8 * MIB:
+            return "nccl-error", 0.0
+        return None, _throughput(p, rng)
+
+    study, _ = _study(tmp_path, "pair", 60, judge, seed=1,
+                      fixed=[{"NCCL_MIN_NCHANNELS": 16, "NCCL_BUFFSIZE": 8 * MIB},
+                             {"NCCL_MIN_NCHANNELS": 24, "NCCL_BUFFSIZE": 16 * MIB},
+                             {"NCCL_MIN_NCHANNELS": 32, "NCCL_BUFFSIZE": 16 * MIB},
+                             {"NCCL_MIN_NCHANNELS": 20, "NCCL_BUFFSIZE": 1 * MIB},
+                             {"NCCL_MIN_NCHANNELS": 2, "NCCL_BUFFSIZE": 16 * MIB}])
+    doc = explain(study)
+    failed = sorted(t.number for t in study.trials if t.user_attrs["failure_kind"])
+    assert len(failed) >= 4
+    (rule,) = doc["failure_rules"]
+    assert {c["param"] for c in rule["conditions"]} == {"NCCL_MIN_NCHANNELS", "NCCL_BUFFSIZE"}
+    assert all(c["op"] == ">=" for c in rule["conditions"]) and rule["kind"] == "nccl-error"
+    assert rule["trials"] == failed and rule["failed_of_covered"] == [len(failed), len(failed)]
+    assert " & " in rule["rule"] and rule["rule"].endswith(f"-> nccl-error ({len(failed)} of {len(failed)})")
+
+
+def test_no_effect_needs_many_trials(tmp_path: Path) -> None:
+    """num_continuous_decode_steps does nothing: over many trials that is said (the interval's high
+    end is small), over few only "not enough trials"; NCCL_PROTO has an effect."""
+    def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
+        return None, _throughput(p, rng)
+
+    many, _ = _study(tmp_path, "many", 150, judge, seed=2)
+    many_doc = explain(many)
+    imp = many_doc["importance"]["objective"]
+    assert imp["verdict"] == "ok" and imp["trials"] == 150
+    ncds = imp["params"]["num_continuous_decode_steps"]
+    assert ncds["verdict"] == "no measurable effect", ncds
+    assert 0.0 <= ncds["low"] <= ncds["median"] <= ncds["high"] < 0.05
+    proto = imp["params"]["NCCL_PROTO"]
+    assert proto["verdict"] == "effect" and proto["low"] > 0.5, proto
+    assert list(imp["params"])[0] == "NCCL_PROTO"
+    assert ncds["values"] == [1, 8] and set(proto["values"]) == set(PROTO_SPEED)  # the values tried
+    few, _ = _study(tmp_path, "few", 12, judge, seed=2)
+    doc = explain(few)
+    assert doc["importance"]["objective"]["verdict"] == "not enough trials (12, need 20)"
+    assert doc["importance"]["objective"]["params"] == {}
+    # Every trial was feasible: feasibility does not vary, and nothing is blamed for it.
+    assert many_doc["importance"]["feasibility"]["verdict"] == "the target does not vary"
+
+
+def test_a_middling_study_is_uncertain_not_no_effect(tmp_path: Path) -> None:
+    """30 trials are too few to rule an effect out: no parameter gets "no measurable effect"."""
+    def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
+        return None, _throughput(p, rng)
+
+    study, _ = _study(tmp_path, "thirty", 30, judge, seed=4)
+    params = explain(study)["importance"]["objective"]["params"]
+    assert params["num_continuous_decode_steps"]["verdict"] == "uncertain"
+    assert all(v["verdict"] != "no measurable effect" for v in params.values())
+    assert params["NCCL_PROTO"]["verdict"] == "effect"
+
+
+def test_explain_json_and_text_through_the_cli(tmp_path: Path) -> None:
+    def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
+        if p["NCCL_ALGO"] == "Tree":
+            return "nccl-error", 0.0
+        if p["mem_fraction_static"] <= 0.52:
+            return "not-enough-memory", 0.0
+        return None, _throughput(p, rng)
+
+    study, storage = _study(tmp_path, "cli", 40, judge, seed=7,
+                            fixed=[{"mem_fraction_static": 0.9, "NCCL_ALGO": "Ring"}] * 1)
+    proc = autotune("study", "explain", "cli", "--storage", storage, "--json", cwd=tmp_path)
+    doc = json.loads(proc.stdout)
+    assert doc == json.loads(json.dumps(explain(study)))  # the CLI prints explain()'s document
+    tree = sum(1 for t in study.trials if t.user_attrs["failure_kind"] == "nccl-error")
+    assert f"NCCL_ALGO=Tree -> nccl-error ({tree} of {tree})" in _rules(doc)
+    for part in ("objective", "feasibility"):
+        body = doc["importance"][part]
+        assert body["verdict"] == "ok"
+        for v in body["params"].values():
+            assert {"median", "low", "high", "verdict", "alone", "spread", "spread_high", "values"} <= set(v)
+            assert v["low"] <= v["median"] <= v["high"]
+    assert doc["importance"]["feasibility"]["params"]["NCCL_ALGO"]["verdict"] == "effect"
+    text = autotune("study", "explain", "cli", "--storage", storage, cwd=tmp_path).stdout
+    assert f"NCCL_ALGO=Tree -> nccl-error ({tree} of {tree})" in text
+    assert "what matters for the objective" in text and "what matters for feasibility" in text
+    assert "NCCL_PROTO" in text
+
+
+@pytest.mark.parametrize("n", [0, 3])
+def test_tiny_studies_explain_without_error(tmp_path: Path, n: int) -> None:
+    def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
+        return ("oom", 0.0) if rng.random() < 0.5 else (None, _throughput(p, rng))
+
+    study, _ = _study(tmp_path, f"tiny{n}", n, judge)
+    doc = explain(study)
+    assert doc["failure_rules"] == [] and doc["trials"] == n
+    assert doc["importance"]["objective"]["verdict"].startswith("not enough trials")
