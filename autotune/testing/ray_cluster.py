@@ -8,8 +8,8 @@ machine: every one of them inherits a tag in its environment (:data:`autotune.ho
 as the servers of a trial do), and :func:`autotune.hosts.tagged_pids` finds them.
 
 Token authentication as Ray 2.60 does it is on: the nodes run with ``RAY_AUTH_MODE=token`` and
-the token in ``~/.ray/auth_token`` (made by ``ray start`` if missing); a driver connecting with
-``RAY_AUTH_MODE`` unset finds the token where Ray put it.
+the token in ``~/.ray/auth_token`` (made by ``ray get-auth-token --generate`` if missing); a
+driver connecting with ``RAY_AUTH_MODE`` unset finds the token there.
 """
 
 from __future__ import annotations
@@ -63,6 +63,12 @@ class LocalRayCluster:
             raise RuntimeError(f"ray start ({name}) failed: {(proc.stderr or proc.stdout)[-2000:]}")
 
     def start(self) -> LocalRayCluster:
+        # `ray start` in token mode needs the token to exist (it does not make one): make it, as a
+        # user does once (an existing token is kept).
+        proc = subprocess.run([_ray_bin(), "get-auth-token", "--generate"], env=self.env, capture_output=True,
+                              text=True, timeout=120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"ray get-auth-token --generate failed: {(proc.stderr or proc.stdout)[-2000:]}")
         self._start(self.slots[0], head=True)
         for name in self.slots[1:]:
             self._start(name, head=False)
