@@ -1,0 +1,501 @@
+"""Does ``autotune study explain`` tell the truth? Seeded studies on the simulated host, scored
+against the simulator's own model.
+
+    python bench/explain_truth.py                       # 20 studies x 30 trials per scenario and design
+    python bench/explain_truth.py --json                # one JSON document instead of the tables
+    python bench/explain_truth.py --studies 5 --long-studies 0 --scenario rtx6000-pcie-glm5
+
+No server is launched. Each study is an in-memory Optuna study with the driver's own sampler
+(``make_sampler("tpe", seed)``: multivariate TPE, 8 start-up trials), the baseline enqueued first
+as the driver does. Each trial's launch (``SearchSpace.to_launch``: the env vars and flags a real
+trial gets, rules repaired) is parsed with the simulated server's own argparse and given to
+``autotune.sim.model.predict`` under the ``quick`` objective's load (192 requests, 192 in flight,
+64 in / 16 out) with the noise of ``AUTOTUNE_SIM_SEED=seed``, and recorded exactly as the driver
+records it: ok -> COMPLETE with the output throughput and user attrs ``outcome=ok,
+feasible=True, applied``; a failure -> PRUNED with ``outcome=infeasible, feasible=False,
+failure_kind=<the model's outcome>, applied``.
+
+Two study designs per built-in scenario:
+
+- ``sglang_nccl``: the built-in space as it is (NCCL env and SGLang flags); on the demo's scenario
+  the demo's baseline;
+- ``seed``: the launch of the scenario's field report (docs/scenarios.md) with its SGLang flags
+  fixed, searching the NCCL variables, ``num_continuous_decode_steps`` and (but on the GLM-5
+  host, where the report fixes 0.92) ``mem_fraction_static`` near the known-good value: where the
+  planted crashes live.
+
+Then ``autotune.analysis.explain`` runs on each study and is scored:
+
+- **planted behaviours**: whether a printed rule states each behaviour the scenarios plant, out
+  of the studies whose trials showed it at least ``MIN_SUPPORT`` times (the model says why each
+  trial failed: see :func:`cause`; with fewer failures there can be no rule, by design);
+- **false rules**: each printed rule is checked against the model by intervention: in every
+  finished trial of the study (the configurations the study explored) the rule's parameters are
+  set to random values satisfying it, 8 draws each, with a control drawn so that it does not
+  hold; a pair where the control fails with the same kind is not testable (that failure is not
+  the rule's doing). The rule is false when under 80 % of the testable interventions give its
+  failure kind;
+- **num_continuous_decode_steps** (read by no SGLang code; the model ignores it): the verdict on
+  its importance for the objective, at 30 trials and in longer studies (``--long-trials``);
+- **no-effect claims**: every "no measurable effect" on the objective is checked by the model:
+  in 24 feasible trials the parameter alone is set to up to 4 other values the study's feasible
+  trials tried; the claim is false when the mean relative change of the noise-free throughput
+  exceeds 3 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import optuna  # noqa: E402
+from optuna.trial import TrialState  # noqa: E402
+
+from autotune.analysis import MIN_SUPPORT, explain  # noqa: E402
+from autotune.demo import DEMO_CONFIG  # noqa: E402
+from autotune.driver import make_sampler  # noqa: E402
+from autotune.sim.args import parse_server_args  # noqa: E402
+from autotune.sim.engine import configure  # noqa: E402
+from autotune.sim.model import Workload, predict  # noqa: E402
+from autotune.sim.scenario import load_scenario  # noqa: E402
+from autotune.space import SearchSpace  # noqa: E402
+
+SCENARIOS = ("rtx6000-pcie-glm5", "rtx6000-pcie-kimi-eagle3", "h200-nvlink-llama70b")
+WORKLOAD = Workload(concurrency=192, num_prompts=192, input_len=64, output_len=16)  # objectives/quick.yaml
+BASE_ENV = {k: v for k, v in DEMO_CONFIG["target"]["env"].items() if k.startswith("NCCL_")}  # the demo target's
+TRUE_RATE = 0.80
+DRAWS_PER_TRIAL = 8
+MIN_TESTED = 20
+NO_EFFECT_TOLERANCE = 0.03
+NCDS = "num_continuous_decode_steps"
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
+# -- study designs ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Design:
+    """What a study searches on a scenario: ``space``, flags always given (``fixed``), baseline."""
+
+    name: str
+    scenario: str
+    space: SearchSpace = field(hash=False, compare=False)
+    fixed: tuple[str, ...] = ()
+    baseline: tuple[tuple[str, Any], ...] = ()
+
+
+_FULL = SearchSpace.load("sglang_nccl")
+# The field reports' launches (docs/scenarios.md): fixed flags, known-good mem_fraction_static,
+# and the range searched around it.
+_SEEDS: dict[str, tuple[tuple[str, ...], float | None, float, float]] = {
+    # seed 004: 0.92 and 1024 running requests fixed, the NCCL variables searched
+    "rtx6000-pcie-glm5": (("--max-running-requests", "1024", "--mem-fraction-static", "0.92"), None, 0, 0),
+    "rtx6000-pcie-kimi-eagle3": (("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "2",
+                                  "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3"), 0.55, 0.50, 0.60),
+    "h200-nvlink-llama70b": (("--max-running-requests", "256"), 0.88, 0.80, 0.95),
+}
+_SEED_PARAMS = ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE", "NCCL_ALGO", "NCCL_PROTO", NCDS)
+
+
+def designs(scenario: str) -> list[Design]:
+    full_base = DEMO_CONFIG["baseline"] if scenario == DEMO_CONFIG["target"]["scenario"] else {}
+    fixed, good, low, high = _SEEDS[scenario]
+    params = {n: _FULL.parameters[n].model_dump(exclude_defaults=True) for n in _SEED_PARAMS}
+    seed_base: dict[str, Any] = {}
+    if good is not None:
+        params["mem_fraction_static"] = {**_FULL.parameters["mem_fraction_static"].model_dump(exclude_defaults=True),
+                                         "low": low, "high": high, "default": good}
+        seed_base["mem_fraction_static"] = good
+    seed_space = SearchSpace.from_mapping({"name": f"seed-{scenario}", "parameters": params,
+                                           "rules": ["NCCL_MIN_NCHANNELS <= NCCL_MAX_NCHANNELS"]})
+    if scenario == DEMO_CONFIG["target"]["scenario"]:
+        seed_base["NCCL_MIN_NCHANNELS"] = 8
+    return [
+        Design("sglang_nccl", scenario, _FULL, (), tuple(sorted(_FULL.complete(full_base).items()))),
+        Design("seed", scenario, seed_space, fixed, tuple(sorted(seed_space.complete(seed_base).items()))),
+    ]
+
+
+# -- the simulated host ---------------------------------------------------------------------------
+@lru_cache(maxsize=None)
+def _scenario(name: str) -> Any:
+    return load_scenario(name)
+
+
+def _launch(d: Design, params: dict[str, Any]) -> tuple[Any, dict[str, str]]:
+    launch = d.space.to_launch(params)
+    _, args = parse_server_args(["--scenario", d.scenario, *d.fixed, *launch.args])
+    return args, {**BASE_ENV, **launch.env}
+
+
+@lru_cache(maxsize=400_000)
+def _predict(d: Design, applied: tuple[tuple[str, Any], ...], seed: int | None) -> tuple[str, float]:
+    args, env = _launch(d, dict(applied))
+    p = predict(_scenario(d.scenario), args, env, WORKLOAD, seed=seed)
+    return p.outcome, p.output_throughput
+
+
+def outcome(d: Design, params: dict[str, Any], seed: int | None = None) -> tuple[str, float]:
+    """(the model's outcome, output throughput) of one point of the design's space."""
+    return _predict(d, tuple(sorted(d.space.repair(params).items())), seed)
+
+
+@lru_cache(maxsize=400_000)
+def _cause(d: Design, applied: tuple[tuple[str, Any], ...]) -> str:
+    args, env = _launch(d, dict(applied))
+    try:
+        cfg = configure(_scenario(d.scenario), args, env)
+    except ValueError:
+        return "invalid-argument"
+    stage = cfg.memory.stage
+    if stage in ("kv", "init"):
+        return stage
+    if cfg.nccl_problem is not None:
+        return "tree" if "Tree" in cfg.nccl_problem else "nccl-usage"
+    if stage == "nccl":
+        return "nccl-buffers"
+    if stage == "graph":
+        params = dict(applied)
+        if cfg.nccl.channels < _scenario(d.scenario).interconnect.default_channels:
+            args2, env2 = _launch(d, {**params, "NCCL_MIN_NCHANNELS": 1, "NCCL_MAX_NCHANNELS": 64})
+            if configure(_scenario(d.scenario), args2, env2).memory.stage != "graph":
+                return "graph-low-channels"
+        return "graph"
+    return "ok"
+
+
+def cause(d: Design, params: dict[str, Any]) -> str:
+    """Why the model fails this point: ``tree`` (NCCL_ALGO leaves a collective without an
+    algorithm), ``nccl-buffers`` (the NCCL buffers do not fit), ``graph-low-channels`` (a graph
+    capture OOM that the host's default channel count would not have), else the memory stage
+    (``kv``, ``init``, ``graph``), ``invalid-argument`` or ``ok``."""
+    return _cause(d, tuple(sorted(d.space.repair(params).items())))
+
+
+def mfs_matters(d: Design, params: dict[str, Any]) -> bool:
+    """The point fails, and the same point at the lowest mem_fraction_static searched does not."""
+    if "mem_fraction_static" not in d.space.parameters:
+        return False
+    low = d.space.parameters["mem_fraction_static"].low
+    return outcome(d, params)[0] != "ok" and outcome(d, {**params, "mem_fraction_static": low})[0] == "ok"
+
+
+def run_study(d: Design, seed: int, trials: int, sampler: str = "tpe") -> optuna.Study:
+    """One study as the driver runs it (see the module docstring), in memory: the baseline, then
+    ``trials`` more."""
+    study = optuna.create_study(study_name=f"{d.scenario}/{d.name}/s{seed}/n{trials + 1}", direction="maximize",
+                                sampler=make_sampler(sampler, seed))
+    study.enqueue_trial(dict(d.baseline), user_attrs={"baseline": True})
+    for _ in range(trials + 1):
+        trial = study.ask()
+        launch = d.space.to_launch(d.space.suggest(trial))
+        kind, value = outcome(d, dict(launch.applied), seed)
+        trial.set_user_attr("applied", dict(launch.applied))
+        trial.set_user_attr("env", {**BASE_ENV, **launch.env})
+        if kind == "ok":
+            for k, v in (("outcome", "ok"), ("feasible", True), ("failure_kind", None),
+                         ("metrics", {"output_throughput": value})):
+                trial.set_user_attr(k, v)
+            study.tell(trial, value)
+        else:
+            for k, v in (("outcome", "infeasible"), ("feasible", False), ("failure_kind", kind),
+                         ("failure_message", f"simulated {kind}")):
+                trial.set_user_attr(k, v)
+            study.tell(trial, state=TrialState.PRUNED)
+    return study
+
+
+# -- checking rules against the model --------------------------------------------------------------
+def _uniform_int(dist: optuna.distributions.IntDistribution, rng: random.Random) -> int:
+    """As the space samples it: log-uniform for a log-scale parameter."""
+    if dist.log:
+        x = math.exp(rng.uniform(math.log(max(dist.low - 0.5, 0.5)), math.log(dist.high + 0.5)))
+        return int(min(dist.high, max(dist.low, round(x))))
+    return rng.randint(dist.low, dist.high)
+
+
+def _any_value(d: Design, param: str, rng: random.Random) -> Any:
+    p = d.space.parameters[param]
+    dist = p.distribution()
+    if isinstance(dist, optuna.distributions.CategoricalDistribution):
+        return rng.choice(list(dist.choices))
+    if isinstance(dist, optuna.distributions.IntDistribution):
+        return _uniform_int(dist, rng)
+    assert isinstance(dist, optuna.distributions.FloatDistribution) and dist.step
+    return p.normalise(dist.low + rng.randint(0, int(round((dist.high - dist.low) / dist.step))) * dist.step)
+
+
+def _holds(cond: dict[str, Any], params: dict[str, Any]) -> bool:
+    v = params.get(cond["param"])
+    if v is None:
+        return False
+    if cond["op"] == "=":
+        return bool(v == cond["value"])
+    if isinstance(v, str):
+        return False
+    return bool(v >= cond["value"]) if cond["op"] == ">=" else bool(v <= cond["value"])
+
+
+def _draw(d: Design, conds: list[dict[str, Any]], base: dict[str, Any], rng: random.Random, *,
+          satisfy: bool) -> dict[str, Any] | None:
+    """``base`` with the conditions' parameters redrawn (as the space samples them) so that the
+    conjunction holds (``satisfy``) or does not, as launched (MIN <= MAX repaired)."""
+    for _try in range(200):
+        point = dict(base)
+        for cond in conds:
+            point[cond["param"]] = _any_value(d, cond["param"], rng)
+        applied = d.space.repair(point)
+        if all(_holds(c, applied) for c in conds) == satisfy:
+            return applied
+    return None
+
+
+def rule_truth(d: Design, rule: dict[str, Any], bases: list[dict[str, Any]], seed: int) -> tuple[float, int]:
+    """(share of testable interventions that give the rule's failure kind, number testable)."""
+    rng = random.Random(seed)
+    hits = total = 0
+    for base in bases:
+        for _ in range(DRAWS_PER_TRIAL):
+            point = _draw(d, rule["conditions"], base, rng, satisfy=True)
+            control = _draw(d, rule["conditions"], base, rng, satisfy=False)
+            if point is None or control is None:
+                continue
+            kind, _ = outcome(d, point)
+            if kind != "ok" and outcome(d, control)[0] == kind:
+                continue
+            hits += kind == rule["kind"]
+            total += 1
+    return (hits / total if total else float("nan")), total
+
+
+def no_effect_truth(d: Design, param: str, bases: list[dict[str, Any]], seed: int) -> float:
+    """Mean relative change of the noise-free throughput when ``param`` alone is set, in feasible
+    configurations of the study, to up to 4 other values the feasible trials tried (a change that
+    the space's rule would repair by moving another parameter is skipped)."""
+    rng = random.Random(seed)
+    changes: list[float] = []
+    distinct = list({repr(b[param]): b[param] for b in bases}.values())
+    for base in bases[:24]:
+        _, v0 = outcome(d, base)
+        others = [v for v in distinct if repr(v) != repr(base[param])]
+        if v0 <= 0 or not others:
+            continue
+        for value in rng.sample(others, min(4, len(others))):
+            changed = {**base, param: value}
+            if d.space.repair(changed) != changed:
+                continue
+            kind, v1 = outcome(d, changed)
+            if kind == "ok":
+                changes.append(abs(v1 - v0) / v0)
+    return statistics.fmean(changes) if changes else float("nan")
+
+
+# -- the planted behaviours ------------------------------------------------------------------------
+def _mentions(conds: list[dict[str, Any]], param: str, op: str | None = None, value: Any = None) -> bool:
+    return any(c["param"] == param and (op is None or c["op"] == op) and (value is None or c["value"] == value)
+               for c in conds)
+
+
+def _channels(conds: list[dict[str, Any]]) -> bool:
+    return _mentions(conds, "NCCL_MIN_NCHANNELS") or _mentions(conds, "NCCL_MAX_NCHANNELS")
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """A planted behaviour: ``shown`` tells whether one failed trial shows it (by the model's reason
+    for the failure), ``stated`` whether a rule (its kind and conditions) states it."""
+
+    name: str
+    shown: Callable[[Design, dict[str, Any], str], bool]
+    stated: Callable[[str, list[dict[str, Any]]], bool]
+
+
+BEHAVIOURS = (
+    Behaviour("Tree crashes: `NCCL_ALGO=Tree -> nccl-error`",
+              shown=lambda d, p, k: k == "nccl-error" and cause(d, p) == "tree",
+              stated=lambda k, c: k == "nccl-error" and len(c) == 1 and _mentions(c, "NCCL_ALGO", "=", "Tree")),
+    Behaviour("oversized channels x buffers: a `nccl-error` rule on channels >= or NCCL_BUFFSIZE >=",
+              shown=lambda d, p, k: k == "nccl-error" and cause(d, p) == "nccl-buffers",
+              stated=lambda k, c: k == "nccl-error" and not _mentions(c, "NCCL_ALGO")
+              and (_mentions(c, "NCCL_MIN_NCHANNELS", ">=") or _mentions(c, "NCCL_BUFFSIZE", ">="))),
+    Behaviour("channels x mem_fraction_static (memory): a rule over a channels parameter and mem_fraction_static",
+              shown=lambda d, p, k: k in ("nccl-error", "oom") and cause(d, p) in ("nccl-buffers", "graph-low-channels")
+              and mfs_matters(d, p),
+              stated=lambda k, c: k in ("nccl-error", "oom") and _channels(c) and _mentions(c, "mem_fraction_static")),
+)
+
+
+# -- scoring ---------------------------------------------------------------------------------------
+@dataclass
+class Score:
+    scenario: str
+    design: str
+    studies: int = 0
+    trials: int = 0
+    failures: int = 0
+    unexplained: int = 0
+    explain_s: list[float] = field(default_factory=list)
+    behaviours: dict[str, dict[str, int]] = field(default_factory=dict)
+    rules: int = 0
+    pair_rules: int = 0
+    false_rules: list[dict[str, Any]] = field(default_factory=list)
+    untestable: list[dict[str, Any]] = field(default_factory=list)
+    rule_rates: list[float] = field(default_factory=list)
+    ncds: dict[str, int] = field(default_factory=dict)
+    ncds_long: dict[str, int] = field(default_factory=dict)
+    no_effect_claims: int = 0
+    false_no_effect: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _verdict(doc: dict[str, Any]) -> str:
+    part = doc["importance"]["objective"]
+    if part["verdict"] != "ok":
+        return "not enough trials" if part["verdict"].startswith("not enough") else part["verdict"]
+    return (part["params"].get(NCDS) or {}).get("verdict", "absent")
+
+
+def score_study(sc: Score, d: Design, study: optuna.Study, seed: int, *, long: bool) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    doc = explain(study)
+    took = time.perf_counter() - t0
+    sc.explain_s.append(took)
+    finished = [t for t in study.get_trials(deepcopy=False) if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    bases = [dict(t.user_attrs["applied"]) for t in finished]
+    feasible = [dict(t.user_attrs["applied"]) for t in finished if t.user_attrs.get("feasible")]
+    verdict = _verdict(doc)
+    target = sc.ncds_long if long else sc.ncds
+    target[verdict] = target.get(verdict, 0) + 1
+    record: dict[str, Any] = {"study": study.study_name, "trials": len(finished), "explain_s": round(took, 3),
+                              "ncds_verdict": verdict, "rules": []}
+    for param, imp in doc["importance"]["objective"]["params"].items():
+        if imp.get("verdict") == "no measurable effect":
+            change = no_effect_truth(d, param, feasible, seed)
+            sc.no_effect_claims += 1
+            if change > NO_EFFECT_TOLERANCE:
+                sc.false_no_effect.append({"study": study.study_name, "param": param, "mean_change": round(change, 4)})
+    if long:
+        return record
+    sc.studies += 1
+    sc.trials += len(finished)
+    sc.failures += doc["unexplained_failures"]["count"] + sum(len(r["trials"]) for r in doc["failure_rules"])
+    sc.unexplained += doc["unexplained_failures"]["count"]
+    for rule in doc["failure_rules"]:
+        rate, tested = rule_truth(d, rule, bases, seed)
+        sc.rules += 1
+        sc.pair_rules += len(rule["conditions"]) == 2
+        entry = {"study": study.study_name, "rule": rule["rule"], "model_rate": round(rate, 3), "tested": tested}
+        record["rules"].append(entry)
+        if tested < MIN_TESTED:
+            sc.untestable.append(entry)
+            continue
+        sc.rule_rates.append(rate)
+        if not rate >= TRUE_RATE:
+            sc.false_rules.append(entry)
+    for b in BEHAVIOURS:
+        shows = sum(1 for t in finished if t.user_attrs.get("failure_kind")
+                    and b.shown(d, t.user_attrs["applied"], t.user_attrs["failure_kind"]))
+        stated = any(b.stated(r["kind"], r["conditions"]) for r in doc["failure_rules"])
+        row = sc.behaviours.setdefault(b.name, {"shown": 0, "stated_when_shown": 0, "stated_otherwise": 0})
+        if shows >= MIN_SUPPORT:
+            row["shown"] += 1
+            row["stated_when_shown"] += stated
+        else:
+            row["stated_otherwise"] += stated
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--studies", type=int, default=20)
+    ap.add_argument("--trials", type=int, default=30)
+    ap.add_argument("--long-studies", type=int, default=3, help="longer studies per scenario and design (ncds verdict)")
+    ap.add_argument("--long-trials", type=int, default=100)
+    ap.add_argument("--scenario", action="append", help="only these scenarios (repeat)")
+    ap.add_argument("--design", action="append", choices=["sglang_nccl", "seed"], help="only these designs (repeat)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--verbose", action="store_true", help="each study's rules and verdict on stderr")
+    ns = ap.parse_args(argv)
+    scores: list[Score] = []
+    records: list[dict[str, Any]] = []
+    t_start = time.perf_counter()
+    for scenario in ns.scenario or SCENARIOS:
+        for d in designs(scenario):
+            if ns.design and d.name not in ns.design:
+                continue
+            sc = Score(scenario, d.name)
+            runs = [(seed, ns.trials, False) for seed in range(ns.studies)]
+            runs += [(1000 + seed, ns.long_trials, True) for seed in range(ns.long_studies)]
+            for seed, trials, long in runs:
+                rec = score_study(sc, d, run_study(d, seed, trials - 1), seed, long=long)
+                records.append(rec)
+                if ns.verbose:
+                    print(json.dumps(rec), file=sys.stderr)
+            scores.append(sc)
+    wall = time.perf_counter() - t_start
+    if ns.json:
+        print(json.dumps({"settings": vars(ns), "wall_s": round(wall, 1), "scores": [_summary(s) for s in scores],
+                          "studies": records}, indent=1))
+        return 0
+    for s in scores:
+        _print_table(s, ns)
+    times = [t for s in scores for t in s.explain_s]
+    print(f"\nexplain: median {statistics.median(times):.2f} s, max {max(times):.2f} s over {len(times)} studies; "
+          f"bench wall {wall:.0f} s")
+    return 0
+
+
+def _summary(s: Score) -> dict[str, Any]:
+    out = {k: v for k, v in vars(s).items() if k not in ("explain_s", "rule_rates")}
+    out["median_rule_model_rate"] = round(statistics.median(s.rule_rates), 3) if s.rule_rates else None
+    out["explain_s_median"] = round(statistics.median(s.explain_s), 3) if s.explain_s else None
+    out["explain_s_max"] = round(max(s.explain_s), 3) if s.explain_s else None
+    return out
+
+
+def _print_table(s: Score, ns: argparse.Namespace) -> None:
+    print(f"\n#### {s.scenario}, design `{s.design}`: {s.studies} studies x {ns.trials} trials "
+          f"({s.failures} failures, {s.unexplained} explained by no rule)\n")
+    print("| check | result |")
+    print("| --- | --- |")
+    for name, row in s.behaviours.items():
+        print(f"| {name} | stated in {row['stated_when_shown']} of {row['shown']} studies that show it "
+              f"(>= {MIN_SUPPORT} such failures); stated in {row['stated_otherwise']} others |")
+    rate = f"; median model rate {statistics.median(s.rule_rates):.2f}" if s.rule_rates else ""
+    print(f"| rules printed | {s.rules} ({s.pair_rules} over two parameters){rate} |")
+    wrong = [f for f in s.false_rules if f["model_rate"] < 0.5]
+    print(f"| rules the model gives less than {TRUE_RATE:.0%} of the time | {len(s.false_rules)}, "
+          f"of which {len(wrong)} less than 50 % |")
+    for f in s.false_rules:
+        print(f"| {'false' if f['model_rate'] < 0.5 else 'imprecise'} | {f['study']}: `{f['rule']}` "
+              f"(model {f['model_rate']:.2f}) |")
+    if s.untestable:
+        print(f"| rules the model could not test (< {MIN_TESTED} testable interventions) | {len(s.untestable)} |")
+    print(f"| `{NCDS}`, {ns.trials} trials | {_counts(s.ncds)} |")
+    if s.ncds_long:
+        print(f"| `{NCDS}`, {ns.long_trials} trials | {_counts(s.ncds_long)} |")
+    print(f"| 'no measurable effect' claims (model-checked) | {s.no_effect_claims}, false: {len(s.false_no_effect)} |")
+    for f in s.false_no_effect:
+        print(f"| false | {f['study']}: {f['param']} (mean change {f['mean_change']:.1%}) |")
+    if s.explain_s:
+        print(f"| explain run time | median {statistics.median(s.explain_s):.2f} s, max {max(s.explain_s):.2f} s |")
+
+
+def _counts(d: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(d.items(), key=lambda kv: -kv[1])) or "-"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
