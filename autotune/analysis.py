@@ -61,7 +61,9 @@ one (``alone`` in the JSON shows it). The interval is a bootstrap over trials (`
 resamples: the median and the 5-95 % range). Verdicts:
 
 - ``not enough trials (N, need M)`` below ``MIN_TRIALS`` trials of the target;
-- ``effect`` when the share's low end is at least ``EFFECT_SHARE``;
+- ``effect`` when the share's low end is at least ``EFFECT_SHARE``, and so is the low end of
+  its share alone (a parameter that only seems to matter given the others may be the sampler's
+  doing; one that matters but hides behind another stays ``uncertain``);
 - ``no measurable effect`` only with evidence: at least ``NO_EFFECT_MIN_TRIALS`` trials, every
   value (or bin) tried at least ``MIN_GROUP`` times, the share's high end below
   ``NO_EFFECT_SHARE`` and the spread's high end below ``NO_EFFECT_SPREAD`` (2 % of the mean
@@ -84,8 +86,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import optuna
@@ -389,7 +392,8 @@ def _cover_kind(kind_fail: np.ndarray, weight: np.ndarray, conds: list[Condition
             allowed = np.triu(np.ones((n, n), dtype=bool), k=1) & (params_of[cand][:, None] != params_of[cand][None, :])
             fail2 = np.where(allowed & (_wilson_low(fail2, fail2 + agn2) > best_single), fail2, 0.0)
 
-            def both_needed(flat: int) -> bool:
+            def both_needed(flat: int, n: int = n, cand: np.ndarray = cand, fail1: np.ndarray = fail1,
+                            nag1: np.ndarray = nag1, fail2: np.ndarray = fail2, nag2: np.ndarray = nag2) -> bool:
                 """Among the rows one condition covers, the other picks out the failures beyond
                 chance, both ways (else it is one condition plus a coincidence)."""
                 for x in divmod(flat, n):
@@ -627,7 +631,7 @@ def importance_of(rows: list[dict[str, Any]], y: Sequence[float], *, relative: b
         med, lo, hi = float(np.median(share[:, j])), float(np.percentile(share[:, j], lo_q)), float(np.percentile(share[:, j], hi_q))
         alone = [float(np.median(share1[:, j])), float(np.percentile(share1[:, j], lo_q)), float(np.percentile(share1[:, j], hi_q))]
         spread_hi = float(np.percentile(spread[:, j], hi_q))
-        if lo >= EFFECT_SHARE:
+        if lo >= EFFECT_SHARE and alone[1] >= EFFECT_SHARE:  # given the others and alone
             verdict = "effect"
         elif (n >= NO_EFFECT_MIN_TRIALS and hi < NO_EFFECT_SHARE and spread_hi < no_effect_spread
               and int(np.bincount(fines[j]).min()) >= MIN_GROUP):

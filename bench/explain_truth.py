@@ -33,8 +33,8 @@ Then ``autotune.analysis.explain`` runs on each study and is scored:
   finished trial of the study (the configurations the study explored) the rule's parameters are
   set to random values satisfying it, 8 draws each, with a control drawn so that it does not
   hold; a pair where the control fails with the same kind is not testable (that failure is not
-  the rule's doing). The rule is false when under 80 % of the testable interventions give its
-  failure kind;
+  the rule's doing). The rule is imprecise when under 80 % of the testable interventions give
+  its failure kind, false under 50 %;
 - **num_continuous_decode_steps** (read by no SGLang code; the model ignores it): the verdict on
   its importance for the objective, at 30 trials and in longer studies (``--long-trials``);
 - **no-effect claims**: every "no measurable effect" on the objective is checked by the model:
@@ -53,24 +53,25 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import optuna  # noqa: E402
-from optuna.trial import TrialState  # noqa: E402
+import optuna
+from optuna.trial import TrialState
 
-from autotune.analysis import MIN_SUPPORT, explain  # noqa: E402
-from autotune.demo import DEMO_CONFIG  # noqa: E402
-from autotune.driver import make_sampler  # noqa: E402
-from autotune.sim.args import parse_server_args  # noqa: E402
-from autotune.sim.engine import configure  # noqa: E402
-from autotune.sim.model import Workload, predict  # noqa: E402
-from autotune.sim.scenario import load_scenario  # noqa: E402
-from autotune.space import SearchSpace  # noqa: E402
+from autotune.analysis import MIN_SUPPORT, explain
+from autotune.demo import DEMO_CONFIG
+from autotune.driver import make_sampler
+from autotune.sim.args import parse_server_args
+from autotune.sim.engine import configure
+from autotune.sim.model import Workload, predict
+from autotune.sim.scenario import load_scenario
+from autotune.space import SearchSpace
 
 SCENARIOS = ("rtx6000-pcie-glm5", "rtx6000-pcie-kimi-eagle3", "h200-nvlink-llama70b")
 WORKLOAD = Workload(concurrency=192, num_prompts=192, input_len=64, output_len=16)  # objectives/quick.yaml
@@ -130,7 +131,7 @@ def designs(scenario: str) -> list[Design]:
 
 
 # -- the simulated host ---------------------------------------------------------------------------
-@lru_cache(maxsize=None)
+@cache
 def _scenario(name: str) -> Any:
     return load_scenario(name)
 
@@ -235,7 +236,7 @@ def _any_value(d: Design, param: str, rng: random.Random) -> Any:
     if isinstance(dist, optuna.distributions.IntDistribution):
         return _uniform_int(dist, rng)
     assert isinstance(dist, optuna.distributions.FloatDistribution) and dist.step
-    return p.normalise(dist.low + rng.randint(0, int(round((dist.high - dist.low) / dist.step))) * dist.step)
+    return p.normalise(dist.low + rng.randint(0, round((dist.high - dist.low) / dist.step)) * dist.step)
 
 
 def _holds(cond: dict[str, Any], params: dict[str, Any]) -> bool:

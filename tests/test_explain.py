@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import optuna
 import pytest
@@ -188,7 +189,7 @@ def test_no_effect_needs_many_trials(tmp_path: Path) -> None:
     assert 0.0 <= ncds["low"] <= ncds["median"] <= ncds["high"] < 0.05
     proto = imp["params"]["NCCL_PROTO"]
     assert proto["verdict"] == "effect" and proto["low"] > 0.5, proto
-    assert list(imp["params"])[0] == "NCCL_PROTO"
+    assert next(iter(imp["params"])) == "NCCL_PROTO"
     assert ncds["values"] == [1, 8] and set(proto["values"]) == set(PROTO_SPEED)  # the values tried
     few, _ = _study(tmp_path, "few", 12, judge, seed=2)
     doc = explain(few)
