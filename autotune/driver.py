@@ -38,7 +38,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore, upload_artifact
@@ -46,13 +46,12 @@ from optuna.trial import TrialState
 
 from autotune.config import StudyConfig
 from autotune.errors import UsageError
-from autotune.executors import Executor, ssh_options
+from autotune.executors import Executor, host_for
 from autotune.hosts import (
     MIN_FREE_BYTES,
     Host,
     HostFault,
     kill_stale_local_server,
-    make_host,
 )
 from autotune.lease import StudyLease
 from autotune.notes import mirror_constraints, write_trial_note
@@ -60,7 +59,7 @@ from autotune.objective import Objective
 from autotune.provenance import host_facts, runner_for
 from autotune.runner import TrialResult, TrialSpec
 from autotune.secrets import Redactor
-from autotune.slots import SLOT_GONE_FAULTS, Slot, SlotPool
+from autotune.slots import Slot, SlotPool
 from autotune.space import SearchSpace
 from autotune.stopping import StopRequest, handle_signals
 from autotune.storage import artifact_dir, check_storage, open_storage
@@ -75,8 +74,6 @@ STOP_ATTR = "stop_requested"
 """Study user attr ``{"by", "owner", "at"}`` written by `autotune study stop`: the driver whose
 lease owner id is ``owner`` stops as on a signal (running trials torn down and recorded as
 interrupted); any other driver (a later one) ignores it."""
-HOST_REFUSED_FAULTS = frozenset({"host-key-unknown", "host-key-mismatch", "auth-failed"})
-"""Faults that no retry can mend (the host refused us): the study stops at the first one."""
 SERVERS_LEFT = "servers_left"
 """Study user attr: ``[{"host", "tag", "trial"}]``, servers a teardown could not reach."""
 
@@ -115,7 +112,6 @@ class _InFlight:
     trial: optuna.Trial
     slot: Slot
     applied: dict[str, Any]
-    baseline: bool
 
 
 class StudyMismatchError(UsageError):
@@ -142,6 +138,9 @@ def derived_seed(seed: int | None, trials_so_far: int) -> int | None:
         return None
     return (seed * 1_000_003 + trials_so_far * 7_919) % 2**32
 
+
+SamplerFactory = Callable[[int | None], optuna.samplers.BaseSampler]
+"""Makes a study's sampler from its seed (:func:`derived_seed`): a :class:`Driver` option."""
 
 TPE_STARTUP_TRIALS = 8
 """Random trials before TPE models the study (serial; see :func:`make_sampler` for parallel)."""
@@ -212,8 +211,12 @@ class Driver:
         trials: int | None = None,
         stop: StopRequest | None = None,
         hosts: Mapping[str, Host] | None = None,
+        sampler: SamplerFactory | None = None,
     ) -> None:
         self.config = config
+        self.sampler_factory = sampler
+        """Makes the study's sampler from the derived seed instead of the config's ``sampler``
+        (None: :func:`make_sampler`); `autotune bench tuner` compares strategies this way."""
         self.hosts: dict[str, Host] = dict(hosts or {})
         """Host objects by name (those the executor uses); others are made when a stale trial
         recorded one (with the config's SSH options)."""
@@ -229,7 +232,6 @@ class Driver:
         self.stop = stop or StopRequest()
         self.lease: StudyLease | None = None
         self.pool = SlotPool(executor.slots(), quarantine_after=config.quarantine_after)
-        self._broken_reasons: set[str] = set()
 
     # -- setup ------------------------------------------------------------------------------
     def open_study(self) -> optuna.Study:
@@ -254,8 +256,9 @@ class Driver:
             load_if_exists=True,
         )
         self._check_same_study(study)
-        study.sampler = make_sampler(self.config.sampler, derived_seed(self.config.seed, len(study.trials)),
-                                     slots=min(self.executor.capacity(), len(self.pool.slots)))
+        seed = derived_seed(self.config.seed, len(study.trials))
+        study.sampler = (self.sampler_factory(seed) if self.sampler_factory is not None
+                         else make_sampler(self.config.sampler, seed, slots=self.executor.capacity()))
         if "config" not in study.user_attrs:
             study.set_user_attr("config", self._stored_config())
             study.set_user_attr("objective", {"name": self.objective.name, "metric": self.objective.metric,
@@ -291,26 +294,20 @@ class Driver:
 
     def _record_host_facts(self, study: optuna.Study) -> None:
         """What each host says about its GPUs, driver and NCCL (for the profile's provenance), in
-        the study's ``host_facts``. Under Ray with local slots the trials run on the nodes, which
-        the driver does not reach: nothing is recorded for them."""
-        facts = {}
-        for name, host in self.hosts.items():
-            if self.config.executor == "ray" and not host.remote:
-                continue
-            run = runner_for(host)
-            found = host_facts(run)
-            if found.get("gpus"):  # a GPU host: ask its torch for NCCL's version too
-                found = host_facts(run, python=host.python)
-            facts[name] = found
-        if facts:
-            study.set_user_attr("host_facts", facts)
+        the study's ``host_facts``, once per host (a resume asks only hosts new to the study).
+        Under Ray with local slots the trials run on the nodes, which the driver does not reach:
+        nothing is recorded for them."""
+        facts = dict(study.user_attrs.get("host_facts") or {})
+        new = {name: host_facts(runner_for(host), python=host.python) for name, host in self.hosts.items()
+               if name not in facts and not (self.config.executor == "ray" and not host.remote)}
+        if new:
+            study.set_user_attr("host_facts", {**facts, **new})
 
     def _host(self, name: str) -> Host | None:
         """The host object of ``name`` (made on first use); None for a name no longer valid."""
         if name not in self.hosts:
             try:
-                ssh = ssh_options(self.config.target) if name.startswith("ssh://") else None
-                self.hosts[name] = make_host(name, ssh=ssh)
+                self.hosts[name] = host_for(self.config.target, name)
             except ValueError:
                 return None
         return self.hosts[name]
@@ -424,48 +421,53 @@ class Driver:
         self.reporter.study_started(study.study_name, len(finished_trials(study)), self.budget_trials)
         running: dict[int, _InFlight] = {}
         self._write_slots(study)
-        while True:
-            if self._left:
-                self._retry_servers_left(study)
-            if not run.reason:
-                run.reason = self._must_stop(study) or (self._budget_spent(study) if not running else "")
-            if self.stop.requested and running:
-                self.executor.request_stop(self.stop.reason, self.stop.hurry)
-            while not run.reason and len(running) < self.executor.capacity() and self._room(study, len(running)):
-                slot = self.pool.choose()
-                if slot is None:
-                    break
-                flight = self._submit(study, slot)
-                running[flight.trial.number] = flight
-            if not running:
-                if run.reason:
-                    break
-                run.reason = self._budget_spent(study)
-                if run.reason:
-                    break
-                if not self.pool.free():  # cannot happen: the last quarantine stops the study
-                    run.reason = "stopped: no healthy slot left"
-                    self._broken_reasons.add(run.reason)
-                    break
-                continue
-            for done in self.executor.wait(WAIT_S):
-                flight = running.pop(done.number)
-                self.pool.release(done.slot)
-                broken = self._finish(study, flight, done.result, run)
-                self._write_slots(study)
-                if broken and not running:
+        broken = ""  # why no healthy slot is left: the study stops with HostBrokenError
+        try:
+            while True:
+                if self._left:
+                    self._retry_servers_left(study)
+                run.reason = run.reason or self._must_stop(study) or (self._budget_spent(study) if not running else "")
+                if run.reason and running:
+                    # A signal, `study stop`, a lost lease, no healthy slot: stop what runs now.
+                    self.executor.request_stop(self.stop.reason or run.reason, self.stop.hurry)
+                while (not run.reason and len(running) < self.executor.capacity() and self.pool.free()
+                       and self._room(study, len(running))):
+                    flight = self._submit(study)
+                    running[flight.trial.number] = flight
+                if not running:
+                    break  # a reason is set, or nothing may start
+                for done in self.executor.wait(WAIT_S):
+                    flight = running.pop(done.number)
+                    self.pool.release(done.slot)
+                    if self.lease is not None and self.lease.lost:
+                        continue  # the driver that took over failed this trial already
+                    broken = broken or self._finish(study, flight, done.result, run)
                     self._write_slots(study)
-                    self.reporter.study_finished(study, broken)
-                    run.reason = broken
-                    raise HostBrokenError(broken)
-                if broken:
-                    run.reason = run.reason or broken
-        self._write_slots(study)
-        if run.reason in self._broken_reasons:
-            self.reporter.study_finished(study, run.reason)
-            raise HostBrokenError(run.reason)
+                run.reason = run.reason or broken
+        except BaseException:
+            self._abandon(study, running, run)
+            raise
+        if broken and run.reason == broken:
+            self.reporter.study_finished(study, broken)
+            raise HostBrokenError(broken)
         self.reporter.study_finished(study, run.reason)
         return run
+
+    def _abandon(self, study: optuna.Study, running: dict[int, _InFlight], run: StudyRun) -> None:
+        """On an error in the loop: tear down what still runs (hurried) and record it if the
+        storage lets us, so no server outlives the driver and no trial stays RUNNING."""
+        if not running:
+            return
+        self.executor.request_stop("the driver stopped on an error", hurry=True)
+        while running and self.executor.running():
+            for done in self.executor.wait(WAIT_S):
+                flight = running.pop(done.number, None)
+                if flight is None:
+                    continue
+                try:
+                    self._finish(study, flight, done.result, run)
+                except Exception:  # noqa: BLE001 - the error being raised is the one to report
+                    pass
 
     def _room(self, study: optuna.Study, in_flight: int) -> bool:
         """Whether the budget leaves room for one more trial beside ``in_flight`` running ones."""
@@ -473,12 +475,14 @@ class Driver:
             return False
         return not (in_flight and self._budget_spent(study))
 
-    def _submit(self, study: optuna.Study, first_free: Slot) -> _InFlight:
-        """Ask a trial, choose its slot (a retry avoids the slot that faulted), and submit it."""
+    def _submit(self, study: optuna.Study) -> _InFlight:
+        """Ask a trial, choose its slot (a free one; a retry avoids the slot that faulted), and
+        submit it."""
         trial = study.ask()
         assert self.lease is not None
         trial.set_user_attr("owner", self.lease.me.id)
-        slot = self.pool.choose(avoid=trial.user_attrs.get("avoid_slot")) or first_free
+        slot = self.pool.choose(avoid=trial.user_attrs.get("avoid_slot"))
+        assert slot is not None, "_submit is called only with a free slot"
         self.pool.take(slot)
         trial.set_user_attr("slot", slot.name)
         if slot.gpus is not None:
@@ -514,7 +518,7 @@ class Driver:
             self.reporter.phase(trial.number, phase, detail)
 
         self.executor.submit(spec, slot, on_phase)
-        return _InFlight(trial, slot, launch.applied, is_baseline)
+        return _InFlight(trial, slot, launch.applied)
 
     def _finish(self, study: optuna.Study, flight: _InFlight, result: TrialResult, run: StudyRun) -> str:
         """Tell a finished trial, retry a fault elsewhere, keep the slot's health; returns why the
@@ -541,32 +545,23 @@ class Driver:
                 study.enqueue_trial(dict(trial.params), user_attrs={"fault_retries": retries + 1, "retry_of": trial.number,
                                                                      "avoid_slot": slot.name, **base})
         quarantined = self.pool.record(slot, result.outcome, kind, msg)
-        if result.outcome == "fault" and kind in HOST_REFUSED_FAULTS and not quarantined:
-            quarantined = f"{kind}: {msg}"
-            self.pool.quarantine(slot, quarantined)
-        elif quarantined and kind not in SLOT_GONE_FAULTS:
-            quarantined = quarantined.replace(" faults in a row", " infrastructure faults in a row", 1)
-            self.pool.quarantine(slot, quarantined)
         if not quarantined:
             return ""
         self.reporter.slot_quarantined(slot.name, quarantined)
         if self.pool.healthy():
             return ""
         if len(self.pool.slots) == 1:
-            reason = f"stopped: {quarantined}"
-        else:
-            reason = f"stopped: no healthy slot left (last quarantined: {slot.name}: {quarantined})"
-        self._broken_reasons.add(reason)
-        return reason
+            return f"stopped: {quarantined}"
+        return f"stopped: no healthy slot left (last quarantined: {slot.name}: {quarantined})"
 
     def _write_slots(self, study: optuna.Study) -> None:
         """The slots and their health, for `study status`."""
         study.set_user_attr(SLOTS_ATTR, self.pool.report())
 
-    def _must_stop(self, study: optuna.Study | None = None) -> str:
+    def _must_stop(self, study: optuna.Study) -> str:
         """Why the study must stop before the next trial: a signal or `study stop`, a lost lease,
         a full disk."""
-        if study is not None and not self.stop.requested:
+        if not self.stop.requested:
             asked = study.user_attrs.get(STOP_ATTR)
             if isinstance(asked, dict) and self.lease is not None and asked.get("owner") == self.lease.me.id:
                 self.stop.request(f"stopped by `autotune study stop` ({asked.get('by', '')})")
@@ -666,7 +661,9 @@ def _carried(attrs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _compact_info(info: dict[str, Any] | None, limit: int = 4000) -> dict[str, Any] | None:
-    """Server info small enough for a user attr: scalars only, at most ``limit`` characters."""
+    """Server info small enough for a user attr: scalars only, at most ``limit`` characters, and
+    every ``version`` whatever the limit (SGLang puts it after its 500-odd server args; the
+    profile's provenance needs it)."""
     if not info:
         return None
     out: dict[str, Any] = {}
@@ -677,8 +674,8 @@ def _compact_info(info: dict[str, Any] | None, limit: int = 4000) -> dict[str, A
         for k, v in body.items():
             if isinstance(v, (int, float, str, bool)) or v is None:
                 text = f"{k}{v}"
-                if size + len(text) > limit:
-                    return out
+                if size + len(text) > limit and k != "version":
+                    continue
                 out[f"{path.strip('/')}.{k}"] = v
                 size += len(text)
     return out

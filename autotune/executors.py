@@ -56,6 +56,10 @@ class Executor(Protocol):
         """The trials that finished within ``timeout_s`` (maybe none); relays phases meanwhile."""
         ...
 
+    def running(self) -> int:
+        """How many submitted trials have not come back from :meth:`wait` yet."""
+        ...
+
     def request_stop(self, reason: str, hurry: bool = False) -> None:
         """Ask every running trial to stop (torn down, ``fault``/``interrupted``); ``hurry``: skip
         the teardown grace period. Calling it again with the same arguments does nothing more."""
@@ -66,10 +70,18 @@ class Executor(Protocol):
         ...
 
 
-def make_runner(cfg: StudyConfig, host: Host, slot: Slot, *, stop: StopRequest, log_dir: Path,
-                public: tuple[str, ...] | list[str] = (), child_umask: int | None = None) -> TrialRunner:
-    """The runner of ``cfg``'s target on ``host``, with ``slot``'s environment (its GPUs)."""
-    objective = Objective.load_file(cfg.objective, cfg.objective_overrides)
+def runner_fields(target: TargetConfig) -> dict[str, str]:
+    """The fields a target's runner fills into its command and benchmark templates (besides
+    ``{python}``, ``{host}`` and ``{port}``, which the host and the launch give)."""
+    return {"scenario": target.scenario or "", "model": target.model or "",
+            # transformers serve pins its model: requests must name it as the command does.
+            "served_model_name": (target.model or "") if target.engine == "transformers" else ""}
+
+
+def make_runner(cfg: StudyConfig, objective: Objective, host: Host, slot: Slot, *, stop: StopRequest,
+                log_dir: Path, public: tuple[str, ...] | list[str] = (), child_umask: int | None = None) -> TrialRunner:
+    """The runner of ``cfg``'s target and ``objective`` (as loaded by the driver: a task on a Ray
+    node must not look for the objective's file there) on ``host``, with ``slot``'s environment."""
     target = cfg.target
     return TrialRunner(
         host,
@@ -77,9 +89,7 @@ def make_runner(cfg: StudyConfig, host: Host, slot: Slot, *, stop: StopRequest, 
         objective,
         log_dir=log_dir,
         template=target.command,
-        fields={"scenario": target.scenario or "", "model": target.model or "",
-                # transformers serve pins its model: requests must name it as the command does.
-                "served_model_name": target.model if target.engine == "transformers" else ""},
+        fields=runner_fields(target),
         fixed_env={**target.env, **slot.env()},
         ready_timeout_s=target.ready_timeout_s,
         log_stall_s=target.log_stall_s,
@@ -93,14 +103,21 @@ def make_runner(cfg: StudyConfig, host: Host, slot: Slot, *, stop: StopRequest, 
     )
 
 
+def host_for(target: TargetConfig, spec: str, *, child_umask: int | None = None) -> Host:
+    """A new host object for ``spec`` (a ``target.hosts`` entry), SSH hosts with ``target.ssh``.
+
+    Raises:
+        ValueError: an unsupported spelling (see :func:`autotune.hosts.make_host`).
+    """
+    return make_host(spec, child_umask=child_umask, ssh=ssh_options(target) if spec.startswith("ssh://") else None)
+
+
 def make_hosts(target: TargetConfig, *, child_umask: int | None = None) -> dict[str, Host]:
     """One host object per distinct entry of ``target.hosts``, by name, in order.
 
     ``child_umask``: the umask of servers launched locally (None: ours).
     """
-    return {spec: make_host(spec, child_umask=child_umask,
-                            ssh=ssh_options(target) if spec.startswith("ssh://") else None)
-            for spec in target.hosts}
+    return {spec: host_for(target, spec, child_umask=child_umask) for spec in target.hosts}
 
 
 def ssh_options(target: TargetConfig) -> Any:
@@ -139,12 +156,12 @@ class SerialExecutor:
         self._pending = None
         return [Finished(spec.number, slot, self.runners[slot.name].run(spec, on_phase))]
 
+    def running(self) -> int:
+        return int(self._pending is not None)
+
     def request_stop(self, reason: str, hurry: bool = False) -> None:
         for runner in self.runners.values():
-            if not runner.stop.requested:
-                runner.stop.request(reason)
-            if hurry and not runner.stop.hurry:
-                runner.stop.request(reason)
+            runner.stop.mirror(reason, hurry)
 
     def close(self) -> None:
         pass

@@ -29,20 +29,28 @@ import socket
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
 import ray.exceptions
-from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
+
+try:  # Ray 2.60's token authentication (private API: pyproject pins Ray's minor version)
+    from ray._private.authentication.authentication_token_setup import (
+        maybe_enable_token_auth_if_token_available,
+    )
+except ImportError:  # pragma: no cover - another Ray: it finds the token itself, or has no tokens
+    def maybe_enable_token_auth_if_token_available(warn_if_disabled: bool = True) -> bool:
+        return False
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from autotune.config import StudyConfig
 from autotune.errors import UsageError
-from autotune.executors import Finished, PhaseCallback, make_runner, ssh_options
+from autotune.executors import Finished, PhaseCallback, host_for, make_runner
 from autotune.failures import Failure
-from autotune.hosts import LocalHost, make_host
+from autotune.hosts import LocalHost
+from autotune.objective import Objective
 from autotune.runner import TrialResult, TrialSpec
 from autotune.slots import SLOT_RESOURCE_PREFIX, Slot, host_slots, ray_slots
 from autotune.stopping import StopRequest
@@ -82,10 +90,7 @@ def _follow_stop(channel: Any, stop: StopRequest, done: threading.Event) -> None
             reason, hurry = ray.get(channel.stop_state.remote(), timeout=10)
         except Exception:  # noqa: BLE001 - the driver is gone: Ray ends this task anyway
             continue
-        if reason and not stop.requested:
-            stop.request(reason)
-        if hurry and not stop.hurry:
-            stop.request(reason)
+        stop.mirror(reason, hurry)
 
 
 def _read_logs(log_dir: Path, number: int) -> dict[str, bytes]:
@@ -98,8 +103,8 @@ def _read_logs(log_dir: Path, number: int) -> dict[str, bytes]:
     return out
 
 
-def run_trial(cfg: StudyConfig, public: tuple[str, ...], slot: Slot, spec: TrialSpec, channel: Any,
-              child_umask: int | None) -> tuple[TrialResult, dict[str, bytes]]:
+def run_trial(cfg: StudyConfig, objective: Objective, public: tuple[str, ...], slot: Slot, spec: TrialSpec,
+              channel: Any, child_umask: int | None) -> tuple[TrialResult, dict[str, bytes]]:
     """The body of a trial's Ray task, on its slot's node: run it, return the result and logs."""
     channel.put.remote(spec.number, "started", json.dumps({"node": ray.get_runtime_context().get_node_id(),
                                                            "ip": ray.util.get_node_ip_address()}))
@@ -107,10 +112,10 @@ def run_trial(cfg: StudyConfig, public: tuple[str, ...], slot: Slot, spec: Trial
     done = threading.Event()
     threading.Thread(target=_follow_stop, args=(channel, stop, done), daemon=True).start()
     log_dir = Path(tempfile.mkdtemp(prefix=f"autotune-{cfg.name}-"))
-    host = make_host(slot.host, child_umask=child_umask,
-                     ssh=ssh_options(cfg.target) if slot.host.startswith("ssh://") else None)
+    host = host_for(cfg.target, slot.host, child_umask=child_umask)
     try:
-        runner = make_runner(cfg, host, slot, stop=stop, log_dir=log_dir, public=public, child_umask=child_umask)
+        runner = make_runner(cfg, objective, host, slot, stop=stop, log_dir=log_dir, public=public,
+                             child_umask=child_umask)
         result = runner.run(spec, lambda phase, detail: channel.put.remote(spec.number, phase, detail))
         return result, _read_logs(log_dir, spec.number)
     finally:
@@ -131,8 +136,6 @@ class _Running:
     started: bool = False
     node_ip: str = ""
     tag: str = ""
-    last_phase: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _local_addresses() -> set[str]:
@@ -151,24 +154,26 @@ def _local_addresses() -> set[str]:
 class RayExecutor:
     """Runs trials as Ray tasks (see the module docstring).
 
-    ``address``: a running cluster (``auto``, ``HOST:PORT``), or None to start a local one whose
-    single node offers the slots of ``target.hosts`` (``autotune_slot:local``).
+    The cluster is ``cfg.ray.address`` (``auto``, ``HOST:PORT``), or, when None, a local one whose
+    single node offers the slots of ``target.hosts`` (``autotune_slot:local``). ``objective``: as
+    the driver loaded it (its file need not exist on the nodes).
 
     Raises:
-        UsageError: the cluster cannot be reached, or it offers no slot.
+        UsageError: the cluster cannot be reached, it offers no slot, or a node offers several
+            slots while the target does not say which GPUs each gets (``gpus_per_trial``).
     """
 
-    def __init__(self, cfg: StudyConfig, *, log_dir: Path, public: tuple[str, ...] | list[str] = (),
-                 child_umask: int | None = None, address: str | None = None,
-                 schedule_timeout_s: float = 120.0) -> None:
+    def __init__(self, cfg: StudyConfig, objective: Objective, *, log_dir: Path,
+                 public: tuple[str, ...] | list[str] = (), child_umask: int | None = None) -> None:
         self.cfg = cfg
+        self.objective = objective
         self.log_dir = log_dir
         self.public = tuple(public)
         self.child_umask = child_umask
-        self.schedule_timeout_s = schedule_timeout_s
+        self.schedule_timeout_s = cfg.ray.schedule_timeout_s
+        address = cfg.ray.address
         target = cfg.target
         remote_hosts = any(h != "local" for h in target.hosts)
-        local_slots = host_slots(["local"], host_gpus=target.host_gpus, gpus_per_trial=target.gpus_per_trial)
         os.environ.setdefault("RAY_DEDUP_LOGS", "0")
         try:
             if address:
@@ -178,6 +183,7 @@ class RayExecutor:
                 ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False,
                          configure_logging=True)
             else:
+                local_slots = host_slots(["local"], host_gpus=target.host_gpus, gpus_per_trial=target.gpus_per_trial)
                 ray.init(resources={f"{SLOT_RESOURCE_PREFIX}local": len(local_slots)},
                          include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -187,6 +193,12 @@ class RayExecutor:
             self._slots = host_slots(target.hosts, host_gpus=target.host_gpus, gpus_per_trial=target.gpus_per_trial)
         else:
             self._slots = ray_slots(ray.cluster_resources(), gpus_per_trial=target.gpus_per_trial)
+        shared = sorted({s.resource for s in self._slots if s.gpus is None and s.resource
+                         and sum(t.resource == s.resource for t in self._slots) > 1})
+        if shared and target.gpus_per_trial is None:
+            ray.shutdown()
+            raise UsageError(f"{', '.join(shared)}: a node offers several slots, but target.gpus_per_trial is not "
+                             "set: its trials would share every GPU (set gpus_per_trial, or give the node 1 slot)")
         if not self._slots:
             ray.shutdown()
             raise UsageError(f"no node of the Ray cluster at {address} offers a slot: start each node that runs "
@@ -209,8 +221,8 @@ class RayExecutor:
         options: dict[str, Any] = {"num_cpus": 0, "max_retries": 0}
         if slot.resource:
             options["resources"] = {slot.resource: 1}
-        ref = _run_trial_task.options(**options).remote(self.cfg, self.public, slot, spec, self.channel,
-                                                        self.child_umask)
+        ref = _run_trial_task.options(**options).remote(self.cfg, self.objective, self.public, slot, spec,
+                                                        self.channel, self.child_umask)
         self._running[ref] = _Running(spec.number, slot, on_phase, time.monotonic())
 
     def running(self) -> int:
@@ -261,7 +273,6 @@ class RayExecutor:
                 run.node_ip = json.loads(detail).get("ip", "")
             if phase == "launched":
                 run.tag = json.loads(detail).get("tag") or ""
-            run.last_phase = phase
             run.on_phase(phase, detail)
 
     def _collect(self, ref: Any) -> Finished:
@@ -277,14 +288,14 @@ class RayExecutor:
         return Finished(run.number, run.slot, result)
 
     def _fault(self, run: _Running, exc: BaseException) -> TrialResult:
-        """The result of a task that did not return: its node died, its worker crashed, it was
-        cancelled, or the task itself raised (autotune missing on the node, a bug)."""
+        """The result of a task that did not return: its node died, its worker crashed, or the
+        task itself raised (autotune missing on the node, a bug). A server that outlived its task
+        is killed here if it ran on this machine; on an SSH host it is left to the driver's
+        ``servers_left`` (``left_running``), which kills it when the host answers."""
         if isinstance(exc, (ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError)):
             kind = "node-died"
         elif isinstance(exc, ray.exceptions.WorkerCrashedError):
             kind = "worker-crashed"
-        elif isinstance(exc, ray.exceptions.TaskCancelledError):
-            kind = "interrupted"
         else:
             kind = "executor-error"
         cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) and exc.cause is not None else exc
@@ -294,6 +305,7 @@ class RayExecutor:
         result = TrialResult(run.number, "fault", host=run.slot.host,
                              failure=Failure(kind, f"Ray task{where} ({run.slot.name}): {message}"[:500], ""))
         result.server_tag = run.tag
+        result.left_running = bool(run.tag) and run.slot.host != "local"
         if run.tag and run.slot.host == "local":
             # The server outlives its task's worker: kill it if it ran on this machine, else say so.
             if run.node_ip in self._here:

@@ -8,7 +8,8 @@ custom resource ``autotune_slot:<node>`` with one unit per slot it can run (see
 
 :class:`SlotPool` keeps each slot's health. A slot is quarantined after ``quarantine_after``
 faults in a row, or at once when the fault says the slot is gone (its Ray node died, or no node
-offers its resource); a quarantined slot gets no further trial, and is reported.
+offers its resource), and every slot of a host that refused us (its key, our login) at once; a
+quarantined slot gets no further trial, and is reported.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ SLOT_RESOURCE_PREFIX = "autotune_slot:"
 
 SLOT_GONE_FAULTS = frozenset({"node-died", "slot-unavailable"})
 """Faults after which a slot is quarantined at once: what ran it is not there any more."""
+HOST_REFUSED_FAULTS = frozenset({"host-key-unknown", "host-key-mismatch", "auth-failed"})
+"""Faults no retry can mend (the host refused us): every slot of that host is quarantined at once."""
 
 
 @dataclass(frozen=True)
@@ -136,24 +139,24 @@ class SlotPool:
         others = [s for s in free if s.name != avoid]
         return (others or free)[0]
 
-    def quarantine(self, slot: Slot, reason: str) -> None:
-        self.health[slot.name].quarantined = reason
-
     def record(self, slot: Slot, outcome: str, fault_kind: str | None, message: str = "") -> str:
-        """Count one finished trial on ``slot``; returns the quarantine reason if it quarantined
-        the slot now, else ""."""
+        """Count one finished trial on ``slot``; returns the quarantine reason if this outcome
+        quarantined it (and, for a refusing host, the host's other slots), else ""."""
         h = self.health[slot.name]
         h.trials += 1
         if outcome != "fault" or fault_kind == "interrupted":
             h.faults_in_a_row = 0
             return ""
         h.faults_in_a_row += 1
-        if h.quarantined:
-            return ""
-        if fault_kind in SLOT_GONE_FAULTS:
-            h.quarantined = f"{fault_kind}: {message}" if message else str(fault_kind)
+        what = f"{fault_kind or 'fault'}: {message}" if message else str(fault_kind or "fault")
+        if fault_kind in HOST_REFUSED_FAULTS:
+            for other in self.slots:
+                if other.host == slot.host:
+                    self.health[other.name].quarantined = what
+        elif fault_kind in SLOT_GONE_FAULTS:
+            h.quarantined = what
         elif h.faults_in_a_row >= self.quarantine_after:
-            h.quarantined = f"{h.faults_in_a_row} faults in a row ({fault_kind}: {message})"
+            h.quarantined = f"{h.faults_in_a_row} infrastructure faults in a row ({what})"
         return h.quarantined
 
     def report(self) -> list[dict[str, Any]]:

@@ -50,6 +50,14 @@ class StopRequest:
         self.reason = reason
         self._requested.set()
 
+    def mirror(self, reason: str, hurry: bool) -> None:
+        """Become (at least) what another process's request is: requested with ``reason``, and
+        hurried if ``hurry``. Calling it again with the same state does nothing."""
+        if reason and not self.requested:
+            self.request(reason)
+        if hurry and not self.hurry:
+            self.request(reason)
+
     @property
     def exit_code(self) -> int:
         """The shell convention for a process ended by ``signum`` (130 for SIGINT), else 1."""

@@ -56,12 +56,14 @@ def loadavg() -> str:
 
 
 def peak_concurrency(trials: list[optuna.trial.FrozenTrial]) -> int:
-    """The most trials whose [datetime_start, datetime_complete] intervals overlap at once."""
+    """The most trials whose runs overlap at once. A run is [told - duration_s, told]: the
+    runner's own span (``datetime_start`` is when the trial was asked, before it got a slot)."""
     events: list[tuple[dt.datetime, int]] = []
     for t in trials:
-        if t.datetime_start is None or t.datetime_complete is None:
+        if t.datetime_complete is None or "duration_s" not in t.user_attrs:
             continue
-        events += [(t.datetime_start, 1), (t.datetime_complete, -1)]
+        events += [(t.datetime_complete - dt.timedelta(seconds=float(t.user_attrs["duration_s"])), 1),
+                   (t.datetime_complete, -1)]
     events.sort(key=lambda e: (e[0], e[1]))  # an end before a start at the same instant
     now = peak = 0
     for _, delta in events:

@@ -262,3 +262,14 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+
+def test_server_info_keeps_the_engine_version_past_its_size_limit() -> None:
+    """SGLang's /get_server_info lists its ~550 server args, then ``version``: the stored info is
+    cut at 4000 characters, but never without the version (the profile's provenance reads it)."""
+    from autotune.driver import _compact_info
+
+    body = {f"arg_{i}": f"value-{i}" for i in range(550)} | {"version": "0.5.23"}
+    info = _compact_info({"/get_server_info": body})
+    assert info is not None and info["get_server_info.version"] == "0.5.23"
+    assert len(info) < len(body)  # the rest is still cut

@@ -22,6 +22,7 @@ import pytest
 from autotune.config import StudyConfig
 from autotune.demo import DEMO_CONFIG
 from autotune.hosts import tagged_pids
+from autotune.objective import Objective
 from autotune.runner import TrialSpec
 from autotune.slots import Slot, SlotPool, host_slots, ray_slots
 from autotune.testing.ray_cluster import LocalRayCluster
@@ -40,16 +41,17 @@ def _study(storage: str, name: str) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=storage)
 
 
-def _peak_concurrency(trials: list[optuna.trial.FrozenTrial]) -> int:
-    events = []
-    for t in trials:
-        if t.datetime_start and t.datetime_complete:
-            events += [(t.datetime_start.timestamp(), 1), (t.datetime_complete.timestamp(), -1)]
-    peak = now = 0
-    for _, step in sorted(events, key=lambda e: (e[0], e[1])):
-        now += step
-        peak = max(peak, now)
-    return peak
+def _ran(t: optuna.trial.FrozenTrial) -> tuple[float, float]:
+    """When a trial ran on its slot: its runner's own duration, back from when it was told (the
+    trial's datetime_start is when it was asked, before it waited for a slot)."""
+    end = t.datetime_complete.timestamp()  # type: ignore[union-attr]
+    return end - float(t.user_attrs["duration_s"]), end
+
+
+def _side_by_side(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[int, int]]:
+    """Pairs of trials whose runs overlapped."""
+    spans = sorted((_ran(t), t.number) for t in trials if t.datetime_complete and "duration_s" in t.user_attrs)
+    return [(n, m) for i, ((_, end), n) in enumerate(spans) for (start, _), m in spans[i + 1:] if start < end]
 
 
 def test_a_study_runs_one_trial_per_slot_at_once(cluster: LocalRayCluster, tmp_path: Path) -> None:
@@ -61,12 +63,11 @@ def test_a_study_runs_one_trial_per_slot_at_once(cluster: LocalRayCluster, tmp_p
     assert len(done) == 6, [(t.number, t.state, t.user_attrs.get("failure_message")) for t in study.trials]
     slots = {t.user_attrs["slot"] for t in study.trials}
     assert slots == {"a", "b", "c"}, slots
-    assert _peak_concurrency(study.trials) >= 2
-    # Constant liar: trials that ran side by side were asked for different points.
-    by_time = sorted(study.trials, key=lambda t: t.datetime_start)
-    for t, u in zip(by_time, by_time[1:], strict=False):
-        if u.datetime_start < t.datetime_complete:
-            assert t.params != u.params, (t.number, u.number)
+    overlapping = _side_by_side(study.trials)
+    assert overlapping  # the slots ran trials at the same time, not one after another
+    # Trials that ran side by side were asked for different points.
+    for n, m in overlapping:
+        assert study.trials[n].params != study.trials[m].params, (n, m)
     # Only the driver writes the storage, yet every trial's log came back to it from its node.
     logs = tmp_path / "autotune-artifacts" / "logs" / "par"
     for t in study.trials:
@@ -149,8 +150,10 @@ def test_a_slot_no_node_offers_is_a_fault_not_a_hang(cluster: LocalRayCluster, t
     c of the module's cluster (the tests above need all three)."""
     from autotune.ray_executor import RayExecutor
 
-    cfg = StudyConfig.from_mapping({**DEMO_CONFIG, "storage": f"sqlite:///{tmp_path}/g.db"})
-    executor = RayExecutor(cfg, log_dir=tmp_path / "logs", address=cluster.address, schedule_timeout_s=3600)
+    cfg = StudyConfig.from_mapping({**DEMO_CONFIG, "storage": f"sqlite:///{tmp_path}/g.db",
+                                    "ray": {"address": cluster.address, "schedule_timeout_s": 3600}})
+    objective = Objective.load_file(cfg.objective, cfg.objective_overrides)
+    executor = RayExecutor(cfg, objective, log_dir=tmp_path / "logs")
     try:
         assert [s.name for s in executor.slots()] == ["a", "b", "c"]
         cluster.kill_node("c")
@@ -238,10 +241,28 @@ def test_a_slot_is_quarantined_after_faults_in_a_row_or_at_once_when_gone() -> N
     assert pool.record(a, "fault", "port-busy") == ""
     assert pool.record(a, "ok", None) == ""  # a success resets the count
     assert pool.record(a, "fault", "port-busy") == ""
-    assert "2 faults in a row" in pool.record(a, "fault", "port-busy")
+    assert "2 infrastructure faults in a row (port-busy" in pool.record(a, "fault", "port-busy")
     assert pool.free() == [b] and pool.choose(avoid="b") == b
     assert pool.record(b, "fault", "node-died", "gone").startswith("node-died")
     assert pool.healthy() == []
+
+
+def test_a_refusing_host_quarantines_all_its_slots_at_once() -> None:
+    g0, g1, other = Slot("h[gpu 0]", "ssh://h", (0,)), Slot("h[gpu 1]", "ssh://h", (1,)), Slot("o", "ssh://o")
+    pool = SlotPool([g0, g1, other])
+    assert pool.record(g0, "fault", "auth-failed", "denied").startswith("auth-failed")
+    assert pool.healthy() == [other]  # the host's other GPU slot too: no retry can mend a refusal
+
+
+def test_parallel_tpe_lies_about_running_trials_and_starts_modelling_on_time() -> None:
+    """With N trials in flight TPE counts the running ones as bad (constant liar) and its random
+    start-up is N - 1 shorter, so its first modelled ask comes at the serial trial number."""
+    from autotune.driver import TPE_STARTUP_TRIALS, make_sampler
+
+    serial, parallel = make_sampler("tpe", 0), make_sampler("tpe", 0, slots=3)
+    assert not serial._constant_liar and serial._n_startup_trials == TPE_STARTUP_TRIALS
+    assert parallel._constant_liar and parallel._n_startup_trials == TPE_STARTUP_TRIALS - 2
+    assert make_sampler("tpe", 0, slots=20)._n_startup_trials == 4
 
 
 def test_gpu_slots_reach_the_server_as_cuda_visible_devices(tmp_path: Path) -> None:

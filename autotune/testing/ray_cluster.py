@@ -15,6 +15,7 @@ driver connecting with ``RAY_AUTH_MODE`` unset finds the token there.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -114,3 +115,4 @@ class LocalRayCluster:
             deadline = time.monotonic() + 5
             while pids and time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
                 time.sleep(0.1)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
