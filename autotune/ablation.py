@@ -5,7 +5,7 @@ each changed parameter reverted to its baseline value, one at a time, each ``rep
 They run as ordinary trials of the same study (enqueued, tagged with the user attr
 ``ablation = {"run", "label"}``), so they are measured, recorded and shown like any other trial.
 :func:`analyse` then reads them back: a parameter's share of the gain is
-``(best - best with it reverted) / (best - baseline)``, with a bootstrap interval over the
+``(best - best with it reverted) / (best - baseline)``, with a 95% Student-t interval from the
 repeats; a revert that makes the server fail is reported with its failure kind. Shares need
 not add up to 1: parameters interact.
 """
@@ -13,22 +13,22 @@ not add up to 1: parameters interact.
 from __future__ import annotations
 
 import datetime
+import math
 import statistics
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune._stats import t95
 from autotune.errors import UsageError
-from autotune.study_view import view
+from autotune.study_view import best_view, view
 
 ABLATION_ATTR = "ablation"
 """Trial user attr ``{"run", "label"}`` of an ablation run; study user attr: the last analysis."""
-BOOTSTRAP = 2000
-INTERVAL = 0.90
+INTERVAL = 0.95
 
 
 @dataclass(frozen=True)
@@ -48,12 +48,11 @@ def _baseline_trial(study: optuna.Study) -> FrozenTrial:
 
 
 def _best_trial(study: optuna.Study) -> FrozenTrial:
-    feasible = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if t.user_attrs.get("feasible") and not t.user_attrs.get(ABLATION_ATTR)]
-    if not feasible:
+    """The study's best trial, as ``study best`` and ``export`` choose it."""
+    best = best_view(study)
+    if best is None:
         raise UsageError(f"study '{study.study_name}' has no feasible trial to ablate")
-    pick = max if study.direction == optuna.study.StudyDirection.MAXIMIZE else min
-    return pick(feasible, key=lambda t: float(t.value))  # type: ignore[arg-type]
+    return study.trials[best.number]
 
 
 def plan(study: optuna.Study, repeats: int) -> tuple[str, list[Run], FrozenTrial, FrozenTrial]:
@@ -78,22 +77,21 @@ def enqueue(study: optuna.Study, run_id: str, runs: list[Run]) -> None:
         study.enqueue_trial(r.params, user_attrs={ABLATION_ATTR: {"run": run_id, "label": r.label}})
 
 
-def _interval(best: list[float], other: list[float], base: list[float], rng: np.random.Generator) -> tuple[float, float]:
-    """Bootstrap interval of ``(mean(best) - mean(other)) / (mean(best) - mean(base))``."""
-    b, o, z = np.asarray(best), np.asarray(other), np.asarray(base)
-    mb = rng.choice(b, (BOOTSTRAP, len(b))).mean(axis=1)
-    mo = rng.choice(o, (BOOTSTRAP, len(o))).mean(axis=1)
-    mz = rng.choice(z, (BOOTSTRAP, len(z))).mean(axis=1)
-    gain = mb - mz
-    ok = np.abs(gain) > 1e-12
-    shares = (mb[ok] - mo[ok]) / gain[ok]
-    if not len(shares):
-        return float("nan"), float("nan")
-    lo, hi = np.quantile(shares, [(1 - INTERVAL) / 2, (1 + INTERVAL) / 2])
-    return float(lo), float(hi)
+def _interval(best: list[float], other: list[float], gain: float) -> tuple[float | None, float | None]:
+    """95% interval of ``(mean(best) - mean(other)) / gain``: Student's t on the difference of
+    the two means (pooled variance, ``n_best + n_other - 2`` degrees of freedom), the gain taken
+    as measured. None with fewer than two measurements on either side (no spread to go by)."""
+    nb, no = len(best), len(other)
+    if nb < 2 or no < 2 or not gain:
+        return None, None
+    mb, mo = statistics.fmean(best), statistics.fmean(other)
+    pooled = ((nb - 1) * statistics.variance(best) + (no - 1) * statistics.variance(other)) / (nb + no - 2)
+    half = t95(nb + no - 2) * math.sqrt(pooled * (1 / nb + 1 / no))
+    ends = ((mb - mo - half) / gain, (mb - mo + half) / gain)
+    return min(ends), max(ends)
 
 
-def analyse(study: optuna.Study, run_id: str, best: FrozenTrial, base: FrozenTrial, *, seed: int = 0) -> dict[str, Any]:
+def analyse(study: optuna.Study, run_id: str, best: FrozenTrial, base: FrozenTrial) -> dict[str, Any]:
     """The ablation ``run_id`` as a JSON-able document (also what ``study ablate --json`` prints).
 
     Raises:
@@ -113,7 +111,6 @@ def analyse(study: optuna.Study, run_id: str, best: FrozenTrial, base: FrozenTri
     if not best_v or not base_v:
         raise UsageError("the ablation did not measure both the baseline and the best configuration "
                          "(see `autotune study show`)")
-    rng = np.random.default_rng(seed)
     gain = statistics.fmean(best_v) - statistics.fmean(base_v)
     bv, zv = view(best), view(base)
     rows = []
@@ -127,9 +124,9 @@ def analyse(study: optuna.Study, run_id: str, best: FrozenTrial, base: FrozenTri
                                "trials": [t.number for t in trials], "measured": len(got), "failed": failed}
         if got:
             mean = statistics.fmean(got)
-            lo, hi = _interval(best_v, got, base_v, rng)
+            lo, hi = _interval(best_v, got, gain)
             row |= {"mean": round(mean, 4), "share": round((statistics.fmean(best_v) - mean) / gain, 4) if gain else None,
-                    "share_low": round(lo, 4), "share_high": round(hi, 4)}
+                    "share_low": None if lo is None else round(lo, 4), "share_high": None if hi is None else round(hi, 4)}
         rows.append(row)
     rows.sort(key=lambda r: (r.get("share") is None, -(r.get("share") or 0.0)))
     return {

@@ -44,6 +44,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import string
 import sys
 import tempfile
@@ -53,6 +54,7 @@ from typing import Any
 
 import yaml
 
+from autotune._stats import t95
 from autotune._text import one_line
 from autotune.errors import UsageError
 from autotune.secrets import reference, reference_name
@@ -252,16 +254,6 @@ def _header(prof: Mapping[str, Any], fmt: str) -> list[str]:
 
 
 # -- measurements ----------------------------------------------------------------------------
-_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-        2.045, 2.042)
-"""Student's t, two-sided 95%, for 1 .. 30 degrees of freedom."""
-
-
-def t95(df: int) -> float:
-    return _T95[df - 1] if 1 <= df <= len(_T95) else (2.0 if df <= 60 else 1.96)
-
-
 def measurement(values: Sequence[float], trials: Sequence[int] = (), *, at: str | None = None,
                 note: str = "") -> dict[str, Any]:
     """Mean, count and 95% t-interval of repeated measurements of one configuration."""
@@ -313,7 +305,8 @@ MEMORY_NAMES = frozenset({
 """Parameters (by name, flag or env var) that size what an engine takes of the memory: higher
 asks for more, so a memory failure at a higher value bounds them."""
 _MEMORY_WORDS = re.compile(r"mem(ory)?[_-]?(fraction|utili[sz]ation|percent)|kv[_-]?cache[_-]?(space|memory)", re.I)
-MEMORY_FAILURES = frozenset({"oom", "not-enough-memory", "oom-under-load"})
+MEMORY_FAILURES = frozenset({"oom", "not-enough-memory"})
+"""Failure kinds the runner stores for a server that ran out of memory (or had too little)."""
 _NCCL_OOM = re.compile(r"out of memory|CUDA calloc|Cuda failure", re.I)
 
 
@@ -471,7 +464,7 @@ def profile(study_name: str, metric: str | None, direction: str, best: TrialView
             python: str = DEFAULT_PYTHON, launch_template: str | None = None, interpreters: Iterable[str] = (),
             measured: dict[str, Any] | None = None, provenance: dict[str, Any] | None = None,
             memory: list[dict[str, Any]] | None = None, verify: dict[str, Any] | None = None,
-            warnings: Iterable[str] = ()) -> dict[str, Any]:
+            warnings: Iterable[str] = (), exported_at: str | None = None) -> dict[str, Any]:
     """The launch profile as data (the ``json``/``yaml`` formats).
 
     ``env`` and ``command`` hold secrets as references ``${NAME}``; ``secrets`` names them;
@@ -479,6 +472,7 @@ def profile(study_name: str, metric: str | None, direction: str, best: TrialView
     interpreter ``python`` where the trial ran the tuner host's (``launch_template``'s ``{python}``
     fields, ``interpreters``, or the tuner's own); ``command_template`` has ``{port}`` and
     ``{python}`` there instead (``python_words``: the words holding ``{python}``).
+    ``exported_at``: the date of the export (default: now, UTC).
     """
     raw = list(best.argv_template or best.argv)
     spans = interpreter_spans(raw, launch_template, interpreters)
@@ -504,7 +498,7 @@ def profile(study_name: str, metric: str | None, direction: str, best: TrialView
         "port": port,
         "secrets": secret_names(best.env, template, best.secret_env, best.secret_args),
         "metrics": best.metrics,
-        "exported_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "exported_at": exported_at or _now(),
         "command_template": template,
         "python_words": python_words,
         "secret_env": secret_env(best.env, best.secret_env),
@@ -528,17 +522,12 @@ def _tuner_paths(prof: Mapping[str, Any]) -> list[str]:
             "it may not exist on the serving host" for where in found]
 
 
-def render(fmt: str, prof: dict[str, Any], template: list[str] | None = None, *,
-           secret_env_keys: Iterable[str] = (), secret_args: Mapping[int, str] | None = None) -> str:
-    """Render a profile in ``fmt`` (one of :data:`FORMATS`).
+def render(fmt: str, prof: dict[str, Any]) -> str:
+    """Render a profile (:func:`profile`) in ``fmt`` (one of :data:`FORMATS`).
 
     The command is the profile's ``command_template`` (``{port}`` fields and, in its
     ``python_words``, ``{python}`` fields; the ``sh`` format reads ``$PORT`` and ``$PYTHON``);
-    ``template`` is only read for a profile without one (made by an older version), so that a
-    caller passing the trial's raw ``argv_template`` never gets the tuner's interpreter back.
-    ``secret_env_keys``/``secret_args``: the trial's record of which
-    env values and which ``template`` words are secret references
-    (:class:`~autotune.secrets.RedactedLaunch`); default: the profile's.
+    its secrets are the profile's ``secret_env`` and ``secret_args``.
 
     Raises:
         UsageError: an env name is not a shell identifier (``sh``/``env`` formats).
@@ -547,14 +536,13 @@ def render(fmt: str, prof: dict[str, Any], template: list[str] | None = None, *,
         return json.dumps(prof, indent=2) + "\n"
     if fmt == "yaml":
         return yaml.safe_dump(prof, sort_keys=False)
-    template = list(prof.get("command_template") or template or [])
+    template = list(prof["command_template"])
     env: dict[str, str] = prof["env"]
     for k in env:
         if not _ENV_NAME.fullmatch(k):
             raise UsageError(f"env var name {json.dumps(k)} is not a shell name and cannot be exported as {fmt}")
-    keys = list(secret_env_keys) or list(prof.get("secret_env") or {})
-    secrets = secret_env(env, keys)
-    args = secret_args if secret_args is not None else {int(i): n for i, n in (prof.get("secret_args") or {}).items()}
+    secrets = secret_env(env, prof.get("secret_env") or {})
+    args = {int(i): n for i, n in (prof.get("secret_args") or {}).items()}
     python_words = prof.get("python_words") or []
     if fmt == "env":
         lines = _header(prof, fmt) + [f"# command: {one_line(prof['command_line'])}",
@@ -588,6 +576,10 @@ def render(fmt: str, prof: dict[str, Any], template: list[str] | None = None, *,
 
 
 # -- a profile from a stored study -------------------------------------------------------------
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
 def _utc(when: Any) -> str | None:
     if not isinstance(when, datetime.datetime):
         return None
@@ -659,22 +651,23 @@ def from_study(study: Any, storage: str, *, port: int | None = None, python: str
     """
     from autotune.engines.registry import PRESETS
     from autotune.provenance import engine_version, provenance, select_host_facts
-    from autotune.study_view import best_view, trial_views
+    from autotune.study_view import view
 
     name = study.study_name
-    best = best_view(study)
-    if best is None:
+    frozen = {t.number: t for t in study.get_trials(deepcopy=False)}
+    views = [view(t) for t in frozen.values()]
+    feasible = [v for v in views if v.value is not None]
+    if not feasible:
         raise UsageError(f"study '{name}' has no feasible trial to export")
+    maximize = study.direction.name == "MAXIMIZE"
+    best = (max if maximize else min)(feasible, key=lambda v: v.value)  # type: ignore[arg-type, return-value]
     config = study.user_attrs.get("config") or {}
     target = config.get("target") or {}
     engine = str(target.get("engine", "sim"))
     preset = PRESETS.get(engine)
     chosen_port = port if port is not None else (preset.default_port if preset is not None else 30000)
     metric = (study.user_attrs.get("objective") or {}).get("metric")
-    views = trial_views(study)
-    frozen = {t.number: t for t in study.get_trials(deepcopy=False)}
     dates = {n: d for n, t in frozen.items() if (d := _utc(t.datetime_complete))}
-    warnings: list[str] = []
 
     space, why = _study_space(study, config)
     exported, memory = memory_backoff(best, views, space, memory_margin, *why)
@@ -688,35 +681,34 @@ def from_study(study: Any, storage: str, *, port: int | None = None, python: str
             measured = pooled(views, best.params, dates, note=f"measured before the memory back-off ({changes}); "
                                                               "the exported values were not measured")
 
+    # provenance: the best trial's own sources first, then the other trials of its host
     trial = frozen[best.number]
     host = trial.user_attrs.get("host")
-    infos = [trial.user_attrs.get("server_info")] + [t.user_attrs.get("server_info") for t in frozen.values()
-                                                     if t.user_attrs.get("host") == host and t is not trial]
+    same_host = [trial] + [t for t in frozen.values() if t.user_attrs.get("host") == host and t is not trial]
+    infos = [t.user_attrs.get("server_info") for t in same_host]
     info = next((i for i in infos if engine_version(i)), infos[0])
-    excerpts = [str(t.user_attrs.get(k) or "") for t in frozen.values() for k in ("failure_message", "failure_excerpt")]
+    excerpts = [text for t in same_host for k in ("failure_message", "failure_excerpt")
+                if (text := str(t.user_attrs.get(k) or ""))]
+    exported_at = _now()
     prov = provenance(engine=engine, server_info=info, log_text=_read_log(storage, name, trial),
-                      facts=select_host_facts(study.user_attrs.get("host_facts"), host),
-                      extra_logs=[e for e in excerpts if e])
-    prov["study"] = name
-    prov["trial"] = best.number
-    prov["host"] = host
-    prov["measured_at"] = dates.get(best.number)
-    prov["exported_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+                      facts=select_host_facts(study.user_attrs.get("host_facts"), host), extra_logs=excerpts)
+    prov.update(study=name, trial=best.number, host=host, measured_at=dates.get(best.number), exported_at=exported_at)
 
     ssh = target.get("ssh") or {}
     remote = isinstance(host, str) and host.startswith("ssh://")
     chosen_python = python or (str(ssh.get("python")) if remote and ssh.get("python") else DEFAULT_PYTHON)
     interpreters = [str(ssh["python"])] if remote and ssh.get("python") else []
-    objective, why = _objective_data(config)
-    warnings += why
-    verify_data = {"engine": engine, "objective": objective, "ready_path": target.get("ready_path"),
-                   "api": target.get("api"), "ready_timeout_s": target.get("ready_timeout_s"),
-                   "served_model_name": target.get("model") if engine == "transformers" else None}
+    objective, warnings = _objective_data(config)
+    # what verify needs to run it as the study's runner did (autotune.executors.make_runner):
+    # the target's fields (runner_fields) and the config's extra secret names
+    verify_data = {"engine": engine, "model": target.get("model"), "scenario": target.get("scenario"),
+                   "secrets": [str(s) for s in target.get("secrets") or []], "objective": objective,
+                   "ready_path": target.get("ready_path"), "api": target.get("api"),
+                   "ready_timeout_s": target.get("ready_timeout_s")}
     launch_template = target.get("command") or (preset.template if preset is not None else None)
     prof = profile(name, metric, study.direction.name.lower(), exported, chosen_port, python=chosen_python,
                    launch_template=launch_template, interpreters=interpreters, measured=measured, provenance=prov,
-                   memory=memory, verify=verify_data, warnings=warnings)
-    prof["exported_at"] = prov["exported_at"]
+                   memory=memory, verify=verify_data, warnings=warnings, exported_at=exported_at)
     if exported is not best:
         prof["measured_params"] = best.params
     return prof, exported
@@ -797,6 +789,11 @@ def _profile_problem(data: Any) -> str:
         return f"verify.engine: unknown engine {v.get('engine')!r}"
     if PRESETS[v["engine"]].serverless:
         return f"engine {v['engine']} runs no server: there is nothing to launch"
+    for key in ("model", "scenario"):
+        if not isinstance(v.get(key) or "", str):
+            return f"verify.{key}: expected text"
+    if not isinstance(v.get("secrets") or [], list) or not all(isinstance(s, str) for s in v.get("secrets") or []):
+        return "verify.secrets: expected a list of env names and flags"
     for key in ("secret_env", "secret_args"):
         if not isinstance(data.get(key, {}), dict):
             return f"{key}: expected a mapping"
@@ -874,7 +871,9 @@ def verify(path: Path, *, repeats: int = 1, timeout_s: float | None = None, pyth
     Raises:
         UsageError: the profile cannot be read or verified (a missing secret, a bad objective).
     """
+    from autotune.config import TargetConfig
     from autotune.engines.registry import PRESETS
+    from autotune.executors import runner_fields
     from autotune.hosts import LocalHost
     from autotune.runner import TrialRunner, TrialSpec
 
@@ -887,7 +886,6 @@ def verify(path: Path, *, repeats: int = 1, timeout_s: float | None = None, pyth
     preset = PRESETS[v["engine"]]
     host = LocalHost(child_umask=child_umask)
     chosen_python = python or environ.get("PYTHON") or data.get("python") or DEFAULT_PYTHON
-    log_dir = Path(tempfile.mkdtemp(prefix="autotune-verify-"))
     if loaded.script:
         port: int | None = host.free_port()
         template = "bash " + shlex.quote(_escape(str(path.resolve()), ()))
@@ -900,10 +898,14 @@ def verify(path: Path, *, repeats: int = 1, timeout_s: float | None = None, pyth
         template = " ".join(shlex.quote(_escape(w, (PORT_FIELD, PYTHON_FIELD) if i in python_words else (PORT_FIELD,)))
                             for i, w in enumerate(words))
         how = "its command"
+    # the fields and secrets of the study's runner (autotune.executors.make_runner), from the target
+    target = TargetConfig.model_construct(engine=v["engine"], model=v.get("model"), scenario=v.get("scenario"))
+    log_dir = Path(tempfile.mkdtemp(prefix="autotune-verify-"))  # after every check: nothing left on bad input
     runner = TrialRunner(host, preset, objective, log_dir=log_dir, template=template,
-                         fields={"python": chosen_python, "served_model_name": v.get("served_model_name") or ""},
+                         fields={**runner_fields(target), "python": chosen_python},
                          fixed_env=env, ready_timeout_s=float(timeout_s or v.get("ready_timeout_s") or 600.0),
-                         log_stall_s=None, ready_path=v.get("ready_path"), api=v.get("api"), port=port)
+                         log_stall_s=None, ready_path=v.get("ready_path"), api=v.get("api"), port=port,
+                         secrets=v.get("secrets") or [])
     recorded = data["measured"]
     values: list[float] = []
     failure: dict[str, Any] | None = None
@@ -927,22 +929,16 @@ def verify(path: Path, *, repeats: int = 1, timeout_s: float | None = None, pyth
                            "values": values, "measured": None, "ratio": None, "failure": failure}
     if failure is not None or not values:
         doc.update(ok=False, code=1)
-        if failure is not None and failure["log"]:
-            doc["log_dir"] = str(log_dir)
-        else:
-            import shutil
-
-            shutil.rmtree(log_dir, ignore_errors=True)
-        return doc
-    mean = sum(values) / len(values)
-    ratio = mean / float(recorded["mean"])
-    worse = ratio < 1 - tolerance if data["direction"] == "maximize" else ratio > 1 + tolerance
-    doc.update(measured=mean, ratio=ratio, ok=not worse, code=1 if worse else 0)
-    if worse:
+        keep_logs = failure is not None and failure["log"] is not None
+    else:
+        mean = sum(values) / len(values)
+        ratio = mean / float(recorded["mean"])
+        worse = ratio < 1 - tolerance if data["direction"] == "maximize" else ratio > 1 + tolerance
+        doc.update(measured=mean, ratio=ratio, ok=not worse, code=1 if worse else 0)
+        keep_logs = worse
+    if keep_logs:  # for the person to read why
         doc["log_dir"] = str(log_dir)
     else:
-        import shutil
-
         shutil.rmtree(log_dir, ignore_errors=True)
     return doc
 

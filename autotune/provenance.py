@@ -2,8 +2,9 @@
 
 Three sources, each optional, combined by :func:`provenance` (the first that knows a fact wins):
 
-- the study's ``host_facts`` user attr, recorded by the driver at study start with
-  :func:`host_facts` on each host (``nvidia-smi``, and NCCL through the host's Python if asked);
+- the study's ``host_facts`` user attr (``{host: facts}``), recorded by the driver at study
+  start with :func:`host_facts` on each host (``nvidia-smi``, and on a GPU host NCCL through the
+  host's Python);
 - the trial's ``server_info`` user attr (what the server answered on its info paths: SGLang's
   ``/get_server_info`` ``version``, vLLM's ``/version``, the simulated host's);
 - the trial's server log (``NCCL version 2.x.y`` as NCCL prints it, GPU names as the engines and
@@ -73,7 +74,8 @@ def runner_for(host: Any, timeout_s: float = 30.0) -> Runner:
 # -- host facts -------------------------------------------------------------------------------
 def host_facts(run: Runner, *, python: str | None = None) -> dict[str, Any]:
     """What the host says about its GPUs (``nvidia-smi``) and, with ``python`` (the interpreter
-    that runs the engine there), the NCCL version its torch loads.
+    that runs the engine there) on a host where ``nvidia-smi`` found GPUs, the NCCL version its
+    torch loads (a host without GPUs is not asked: importing torch there only costs time).
 
     Returns a JSON-able dict: ``gpu`` (``"8x NVIDIA H200"``, or ``"NVIDIA H100, NVIDIA A100"`` when
     they differ), ``driver``, ``gpus`` (one ``{"name", "driver", "memory"}`` per GPU), ``nccl``
@@ -90,7 +92,7 @@ def host_facts(run: Runner, *, python: str | None = None) -> dict[str, Any]:
         if drivers:
             facts["driver"] = ", ".join(drivers)
         facts["sources"].append("nvidia-smi")
-    if python:
+    if python and gpus:
         out = _safe(run, [python, "-c", NCCL_PROBE])
         version = (out or "").strip().splitlines()[-1:] if out else []
         if version and re.fullmatch(r"\d+(\.\d+)+\S*", version[0].strip()):
@@ -177,26 +179,14 @@ def engine_version(server_info: Mapping[str, Any] | None) -> str | None:
     for key, v in server_info.items():
         if isinstance(key, str) and key.rsplit(".", 1)[-1] == "version" and isinstance(v, (str, int, float)):
             return str(v).strip() or None
-        # a Prometheus sample with a version label, e.g. vllm:...{version="0.11.0"} 1.0
-        m = re.search(r'[{,]version="([^"]+)"', key) if isinstance(key, str) else None
-        if m:
-            return m.group(1)
     return None
 
 
 def select_host_facts(attr: Any, host: str | None) -> dict[str, Any]:
-    """The facts of ``host`` from the study's ``host_facts`` attr: either one facts dict (a
-    one-host study) or ``{host name: facts}``."""
-    if not isinstance(attr, Mapping):
-        return {}
-    if any(k in attr for k in ("gpu", "gpus", "sources", "driver", "nccl")):
-        return dict(attr)
-    if host is not None and isinstance(attr.get(host), Mapping):
-        return dict(attr[host])
-    if len(attr) == 1:
-        (only,) = attr.values()
-        return dict(only) if isinstance(only, Mapping) else {}
-    return {}
+    """The facts of ``host`` from the study's ``host_facts`` attr (``{host name: facts}``, as the
+    driver records it); {} when it has none for ``host``."""
+    facts = attr.get(host) if isinstance(attr, Mapping) and host is not None else None
+    return dict(facts) if isinstance(facts, Mapping) else {}
 
 
 def provenance(*, engine: str, server_info: Mapping[str, Any] | None, log_text: str = "",

@@ -54,8 +54,10 @@ def test_ablate_attributes_the_gain_to_the_parameters_that_cause_it(tmp_path: Pa
     assert rows["max_running_requests"]["share"] > 0.3 and rows["NCCL_MIN_NCHANNELS"]["share"] > 0.1
     assert rows["max_running_requests"]["share_low"] > 0 and rows["NCCL_MIN_NCHANNELS"]["share_low"] > 0
     no_effect = rows["num_continuous_decode_steps"]
-    assert abs(no_effect["share"]) < 0.1, no_effect
-    assert no_effect["share_low"] <= 0.05  # its interval reaches zero: no gain can be claimed for it
+    # The simulator's run-to-run noise (2%) moves a no-effect share by a few percent of the gain.
+    assert abs(no_effect["share"]) < 0.2, no_effect
+    assert rows["NCCL_MIN_NCHANNELS"]["share"] > no_effect["share"] + 0.1
+    assert no_effect["share_low"] <= 0 <= no_effect["share_high"]  # no gain can be claimed for it
     study = optuna.load_study(study_name="abl", storage=storage)
     assert study.user_attrs["ablation"]["run"] == doc["run"]  # stored with the study ...
     tagged = [t for t in study.trials if t.user_attrs.get("ablation")]

@@ -59,8 +59,7 @@ def trial(env: dict[str, str], args: list[str], params: dict[str, Any] | None = 
 
 
 def rendered(fmt: str, best: TrialView, study: str = "s", **options: Any) -> str:
-    prof = profile(study, "tok_s", "maximize", best, PORT, **options)
-    return render(fmt, prof, secret_env_keys=best.secret_env, secret_args=best.secret_args)
+    return render(fmt, profile(study, "tok_s", "maximize", best, PORT, **options))
 
 
 def base_env(**extra: str) -> dict[str, str]:
@@ -430,6 +429,15 @@ def test_host_facts_take_a_runner_and_never_fail() -> None:
     assert facts["gpus"][0] == {"name": "NVIDIA H200", "driver": "570.124.06", "memory": "143771 MiB"}
     assert calls[0][0] == "nvidia-smi" and calls[1][:2] == ["/opt/py", "-c"]
     assert host_facts(lambda argv: None) == {"sources": []}
+    # no GPU found: the host's Python is not asked for NCCL
+    calls.clear()
+
+    def no_gpu(argv: list[str]) -> str | None:
+        calls.append(argv)
+        return "2.21.5\n" if argv[0] == "/opt/py" else None
+
+    assert host_facts(no_gpu, python="/opt/py") == {"sources": []}
+    assert [argv[0] for argv in calls] == ["nvidia-smi"]
 
     def broken(argv: list[str]) -> str | None:
         raise OSError("host gone")
@@ -455,11 +463,11 @@ def test_provenance_from_logs_server_info_and_host_facts() -> None:
         == {"gpu": "2x NVIDIA A100-SXM4-80GB"}
     assert engine_version({"version.version": "0.11.0"}) == "0.11.0"
     assert engine_version({"get_server_info.version": "0.5.5", "get_server_info.x": 1}) == "0.5.5"
-    assert engine_version({'metrics.vllm:info{version="0.9.1"}': 1.0}) == "0.9.1"
     assert engine_version(None) is None and engine_version({"a": 1}) is None
     facts = {"gpu": "2x NVIDIA H200", "driver": "570.124.06", "sources": ["nvidia-smi"]}
     assert select_host_facts({"ssh://gpu1": facts, "local": {}}, "ssh://gpu1") == facts
-    assert select_host_facts(facts, "anything") == facts and select_host_facts("junk", None) == {}
+    assert select_host_facts({"ssh://gpu1": facts}, "local") == {}  # another host's GPUs are not this one's
+    assert select_host_facts({"ssh://gpu1": facts}, None) == {} and select_host_facts("junk", "local") == {}
     prov = provenance(engine="sglang", server_info={"get_server_info.version": "0.5.5"}, log_text=log, facts=facts)
     assert (prov["engine_version"], prov["gpu"], prov["driver"], prov["nccl"]) == \
         ("0.5.5", "2x NVIDIA H200", "570.124.06", "2.21.5+cuda12.4")
@@ -467,6 +475,19 @@ def test_provenance_from_logs_server_info_and_host_facts() -> None:
                                "nccl": "server log"}
     bare = provenance(engine="custom", server_info=None)
     assert all(bare[k] == "unknown" for k in ("engine_version", "gpu", "driver", "nccl"))
+
+
+def test_provenance_reads_the_failure_logs_of_the_best_trials_host_only(tmp_path: Path) -> None:
+    storage = stored_study(tmp_path)
+    study = optuna.load_study(study_name="exp", storage=storage)
+    for host, nccl in (("ssh://other", "2.99.1"), ("local", "2.21.5")):  # the other host's first
+        study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.PRUNED, user_attrs={
+            "host": host, "outcome": "infeasible", "feasible": False, "failure_kind": "crash",
+            "failure_excerpt": f"h:1:1 [0] NCCL INFO NCCL version {nccl}"}))
+    proc = cli("export", "exp", "--format", "json", "--storage", storage, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    prov = json.loads(proc.stdout)["provenance"]
+    assert prov["nccl"] == "2.21.5" and prov["sources"]["nccl"] == "other trials' logs", prov
 
 
 # -- memory parameters backed off from the failure boundary ------------------------------------------

@@ -1,7 +1,7 @@
 """`autotune verify PROFILE`, for real: a study on the simulated host, its best trial exported as
 json and sh, each launched again on this machine under the study's load and compared with what
-the study recorded. No wall-clock asserts: a noisy machine moves the ratio, so only a sane band
-is asserted (and that the exit code agrees with the ratio and the tolerance)."""
+the study recorded. No wall-clock asserts: a noisy machine moves the ratio, so only that the
+exit code agrees with the ratio and the tolerance is asserted."""
 
 from __future__ import annotations
 
@@ -56,9 +56,13 @@ def test_the_profile_carries_provenance_and_no_tuner_path(exported: Path) -> Non
     assert prov["engine"] == "sim" and prov["engine_version"] == "0.5.5-sim"
     assert "(simulated)" in prov["gpu"] and prov["study"] == "ver" and prov["trial"] == prof["trial"]
     assert prov["measured_at"] and prov["exported_at"].endswith("+00:00")
-    assert {"driver", "nccl"} <= set(prov)
+    # measured, not assumed: the simulated GPU from the trial's server log, the version from its info path
+    assert prov["sources"]["gpu"] == "server log" and prov["sources"]["engine_version"] == "server info", prov
     assert prof["measured"]["count"] >= 1 and prof["measured"]["mean"] > 0
     assert [m["parameter"] for m in prof["memory"]] == ["mem_fraction_static"]
+    # what verify needs to run it as the study's runner did
+    v = prof["verify"]
+    assert (v["engine"], v["scenario"], v["model"], v["secrets"]) == ("sim", SCENARIO, None, [])
     # the command as the user configured it, the interpreter the serving host's
     assert prof["command"][0] == "python3" and prof["command_template"][0] == "{python}"
     assert prof["command"][1:4] == ["-m", "autotune.sim", "serve"]
@@ -76,7 +80,6 @@ def test_verify_measures_the_profile_again(exported: Path, name: str) -> None:
     assert code in (0, 1), err
     assert doc["failure"] is None, doc
     assert doc["runs"] == 1 and doc["measured"] > 0 and doc["recorded"] > 0
-    assert 0.5 <= doc["ratio"] <= 2.0, doc
     assert (code == 0) == (doc["ratio"] >= 1 - TOLERANCE) == doc["ok"]
 
 
@@ -89,6 +92,30 @@ def test_a_profile_recorded_ten_times_faster_fails(exported: Path) -> None:
     assert code == 1, err
     assert doc["ok"] is False and doc["ratio"] < 0.5 and doc["failure"] is None
     assert Path(doc["log_dir"]).parent == exported and list(Path(doc["log_dir"]).glob("trial-*.log"))
+
+
+SECRET = "s3cret-value-only-in-config"
+BENCH = ("{python} -c 'import os, sys, json; print(\"auth:\", os.environ[\"MY_AUTH\"]); "
+         "open(sys.argv[2], \"w\").write(json.dumps(dict(output_throughput=1.0 if sys.argv[1] == \"tiny-model\" "
+         "else 0.0)))' {model} {result_file}")
+"""A benchmark that measures 1.0 when it is given the target's model, and prints the secret."""
+
+
+def test_verify_runs_the_benchmark_with_the_targets_fields_and_hides_the_configs_secrets(exported: Path) -> None:
+    prof = json.loads((exported / "p.json").read_text())
+    objective = prof["verify"]["objective"]
+    objective.update(benchmark={"command": BENCH, "parse": "json"}, constraints=[])
+    # a target with a model, and an env var secret only because the config says so
+    prof["verify"].update(model="tiny-model", secrets=["MY_AUTH"])
+    prof["env"]["MY_AUTH"] = SECRET
+    prof["measured"]["mean"] = 10.0  # worse: the logs are kept, to be read here
+    edited = exported / "bench.json"
+    edited.write_text(json.dumps(prof))
+    code, doc, err = verify(edited, "--python", sys.executable)
+    assert code == 1 and doc["failure"] is None and doc["measured"] == 1.0, (doc, err)
+    bench_log = (Path(doc["log_dir"]) / "trial-0001.bench.log").read_text()
+    assert "auth: ${MY_AUTH}" in bench_log and SECRET not in bench_log, bench_log
+    assert not any(SECRET in f.read_text(errors="replace") for f in Path(doc["log_dir"]).iterdir())
 
 
 @pytest.mark.parametrize("text, fragment", [

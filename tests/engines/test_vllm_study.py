@@ -162,6 +162,14 @@ def test_real_vllm_study_measures_classifies_and_exports(tiny_model: Path, tmp_p
     assert out.returncode == 0, out.stderr
     script = (tmp_path / "vllm.sh").read_text()
     assert f"VLLM_CPU_KVCACHE_SPACE={best['params']['VLLM_CPU_KVCACHE_SPACE']}" in script, script
+    # the engine's version as vLLM's /version answered it during the study
+    import vllm
+
+    from autotune.export import load_profile
+
+    prov = load_profile(tmp_path / "vllm.sh").data["provenance"]
+    assert prov["engine_version"] == vllm.__version__ and prov["sources"]["engine_version"] == "server info", prov
+    assert f"# engine: vllm (version {vllm.__version__});" in script, script
     assert f"--max-num-seqs {best['params']['max_num_seqs']}" in script, script
     port = free_port()
     server = subprocess.Popen(["bash", "vllm.sh"], cwd=tmp_path, env={**os.environ, "PORT": str(port), "PYTHON": sys.executable},
