@@ -17,6 +17,7 @@ from rich.text import Text
 
 from autotune.config import DEFAULT_STORAGE, StudyConfig
 from autotune.errors import ConfigError, UsageError
+from autotune.export import DEFAULT_MEMORY_MARGIN
 from autotune.storage import check_storage, has_studies, open_storage
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -53,6 +54,7 @@ def _print_json(doc: Any) -> None:
 # -- study start / resume -------------------------------------------------------------------
 @study_app.command("start")
 def study_start(
+    ctx: typer.Context,
     config: Optional[Path] = typer.Argument(None, metavar="CONFIG", help="Study config YAML."),
     demo: bool = typer.Option(False, "--demo", help="Run the built-in demo study on the simulated host."),
     name: Optional[str] = typer.Option(None, "--name", help="Override the study name."),
@@ -66,12 +68,6 @@ def study_start(
     detach: bool = typer.Option(False, "--detach", help="Run it in the background (a local daemon) and return."),
 ) -> None:
     """Start a study (or continue the one of the same name)."""
-    if detach:  # the same command, less --detach, as a daemon (autotune.service)
-        _start_detached(config, demo, name, storage, ([str(config.absolute())] if config is not None else [])
-                        + (["--demo"] if demo else [])
-                        + _options(name=name, storage=storage, trials=trials, executor=executor, address=address,
-                                   seed=seed, baseline_from=baseline_from))
-        return
     from autotune.demo import DEMO_CONFIG
 
     if demo == (config is not None):
@@ -99,6 +95,9 @@ def study_start(
     if address is not None and cfg.executor != "ray":
         raise UsageError("--address is for the Ray executor: add --executor ray")
     check_storage(cfg.storage)  # before anything is created
+    if detach:  # this very command, less --detach, as a daemon (autotune.service)
+        _start_detached(cfg, _options(ctx))
+        return
     _run_study(cfg, trials)
 
 
@@ -108,35 +107,38 @@ def study_resume(name: str = NameArg, storage: str = StorageOpt,
     """Continue a stored study with the config it was started with."""
     from autotune.study_view import load_study
 
-    study = load_study(name, storage)
-    data = study.user_attrs.get("config")
-    if not data:
-        raise UsageError(f"study '{name}' was not started by autotune (no stored config)")
-    _run_study(StudyConfig.from_mapping(_with_secrets(data, name) | {"storage": storage}, f"stored study {name}"), trials)
+    _run_study(_stored_config(load_study(name, storage), storage), trials)
 
 
-def _options(**values: Any) -> list[str]:
-    """``--key=value`` for each value given (not None), ``key_name`` spelled ``--key-name``."""
-    return [f"--{k.replace('_', '-')}={v}" for k, v in values.items() if v is not None]
+def _options(ctx: typer.Context) -> list[str]:
+    """The command's own arguments, less ``--detach``: each of its parameters with a value (not
+    None, not an unset flag), read from the command itself so that none can be left out; paths
+    absolute. What ``study start --detach`` hands its daemon."""
+    argv: list[str] = []
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if param.name == "detach" or value is None:
+            continue
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, Path):
+                v = v.absolute()
+            if param.param_type_name == "argument":
+                argv.append(str(v))
+            elif getattr(param, "is_flag", False) and isinstance(v, bool):
+                argv.extend(param.opts[:1] if v else param.secondary_opts[:1])
+            else:
+                argv.append(f"{param.opts[0]}={v}")
+    return argv
 
 
-def _start_detached(config: Optional[Path], demo: bool, name: Optional[str], storage: Optional[str],
-                    argv: list[str]) -> None:
-    """``study start --detach``: validate the config and its name/storage here (exit 2), then run
+def _start_detached(cfg: StudyConfig, argv: list[str]) -> None:
+    """``study start --detach``, once the config and the storage passed their checks: run
     ``study start ARGV`` as a daemon and print its pid, log and the commands that follow it."""
     import shlex
 
     from autotune import service
     from autotune.config import DEFAULT_STORAGE
-    from autotune.demo import DEMO_CONFIG
 
-    if demo == (config is not None):
-        raise UsageError("give a CONFIG file or --demo (not both)")
-    cfg = StudyConfig.from_mapping(DEMO_CONFIG, "demo") if demo else StudyConfig.load(config)  # type: ignore[arg-type]
-    overrides = {k: v for k, v in (("name", name), ("storage", storage)) if v is not None}
-    if overrides:
-        cfg = StudyConfig.from_mapping({**cfg.model_dump(), **overrides}, "command line")
-    check_storage(cfg.storage)
     try:
         info = service.detach(argv, cfg.name, cfg.storage, umask=_USER_UMASK)
     except service.DaemonExitedError as exc:
@@ -183,7 +185,7 @@ def study_stop(name: str = NameArg, storage: str = StorageOpt,
     if owner is None or not service.is_alive(owner):
         _out.print(f"study {name} is not running", markup=False)
         return
-    asked = service.request_stop(study, owner)
+    service.request_stop(study, owner)
     done = service.signal_owner(owner)
     _err.print(f"stop requested for study {name} (pid {owner.pid} on {owner.host}): {done}; "
                f"waiting up to {timeout:.0f}s for its running trials' teardown", markup=False, soft_wrap=True)
@@ -197,10 +199,23 @@ def study_stop(name: str = NameArg, storage: str = StorageOpt,
     if not service.wait_stopped(rdb, name, owner, timeout, progress):
         _fail(f"study {name}: its driver (pid {owner.pid} on {owner.host}) still runs after {timeout:.0f}s; "
               "it stops after its running trials' teardown (run `autotune study stop` again to wait more)", 1)
-    numbers = service.interrupted_since(study, float(asked["at"]))
+    numbers = service.interrupted_trials(study, owner)
     which = f" ({', '.join(str(n) for n in numbers)})" if numbers else ""
     _out.print(f"study {name} stopped: {len(numbers)} trial(s) interrupted{which}, to run again on "
                f"`autotune study resume {name}`", markup=False, soft_wrap=True)
+
+
+def _stored_config(study: Any, storage: str) -> StudyConfig:
+    """The config ``study`` was started with (secrets from the environment), on ``storage``.
+
+    Raises:
+        UsageError: autotune did not start the study, or a secret it refers to is not set.
+    """
+    name = study.study_name
+    data = study.user_attrs.get("config")
+    if not data:
+        raise UsageError(f"study '{name}' was not started by autotune (no stored config)")
+    return StudyConfig.from_mapping(_with_secrets(data, name) | {"storage": storage}, f"stored study {name}")
 
 
 def _with_secrets(data: dict[str, Any], name: str) -> dict[str, Any]:
@@ -222,7 +237,8 @@ def _with_secrets(data: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def _run_study(cfg: StudyConfig, trials: int | None, *, show_best: bool = True) -> None:
-    from autotune.driver import Driver, HostBrokenError, artifact_dir
+    from autotune.driver import Driver, HostBrokenError
+    from autotune.storage import artifact_dir
     from autotune.executors import Executor, SerialExecutor, make_hosts, make_runner
     from autotune.objective import Objective
     from autotune.progress import ConsoleReporter
@@ -246,11 +262,10 @@ def _run_study(cfg: StudyConfig, trials: int | None, *, show_best: bool = True) 
     if cfg.executor == "ray":
         from autotune.ray_executor import RayExecutor
 
-        executor = RayExecutor(cfg, log_dir=log_dir, public=public, child_umask=_USER_UMASK,
-                               address=cfg.ray.address, schedule_timeout_s=cfg.ray.schedule_timeout_s)
+        executor = RayExecutor(cfg, objective, log_dir=log_dir, public=public, child_umask=_USER_UMASK)
     else:
         slots = host_slots(target.hosts, host_gpus=target.host_gpus, gpus_per_trial=target.gpus_per_trial)
-        runners = {s.name: make_runner(cfg, hosts[s.host], s, stop=stop, log_dir=log_dir, public=public,
+        runners = {s.name: make_runner(cfg, objective, hosts[s.host], s, stop=stop, log_dir=log_dir, public=public,
                                        child_umask=_USER_UMASK) for s in slots}
         executor = SerialExecutor(runners, slots)
     reporter = ConsoleReporter(_err, metric=objective.metric)
@@ -445,13 +460,18 @@ def study_ablate(name: str = NameArg, storage: str = StorageOpt,
 
     from autotune import ablation
     from autotune.driver import finished_trials
+    from autotune.service import live_owner
     from autotune.study_view import load_study
 
     study = load_study(name, storage)
-    data = study.user_attrs.get("config")
-    if not data:
-        raise UsageError(f"study '{name}' was not started by autotune (no stored config)")
-    cfg = StudyConfig.from_mapping(_with_secrets(data, name) | {"storage": storage}, f"stored study {name}")
+    cfg = _stored_config(study, storage)
+    # The ablation's trials are its own: nothing is enqueued while another driver runs the study,
+    # and the study's hour budget does not stop them.
+    cfg = cfg.model_copy(update={"budget": cfg.budget.model_copy(update={"hours": None})})
+    owner = live_owner(storage, name)
+    if owner is not None:
+        raise UsageError(f"study '{name}' is being run by another driver: {owner.describe()}; "
+                         f"`autotune study stop {name}` first")
     run_id, runs, best, base = ablation.plan(study, repeats)
     waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
     ablation.enqueue(study, run_id, runs)
@@ -472,10 +492,13 @@ def study_ablate(name: str = NameArg, storage: str = StorageOpt,
             _out.print(f"  {row['parameter']}: reverting it failed every time ({', '.join(row['failed'])})", markup=False)
             continue
         failed = f"; failed {len(row['failed'])}x ({', '.join(sorted(set(row['failed'])))})" if row["failed"] else ""
-        _out.print(f"  {row['parameter']} ({row['baseline']} -> {row['best']}): {100 * row['share']:.0f}% of the gain "
-                   f"[{100 * row['share_low']:.0f}%, {100 * row['share_high']:.0f}%]{failed}", markup=False, soft_wrap=True)
-    _out.print(f"(shares: (best - best with it reverted) / gain; {int(100 * doc['interval'])}% bootstrap intervals "
-               "over the repeats; they need not add up to 100% when parameters interact)", markup=False, soft_wrap=True)
+        interval = ("" if row["share_low"] is None else
+                    f" [{100 * row['share_low']:.0f}%, {100 * row['share_high']:.0f}%]")
+        _out.print(f"  {row['parameter']} ({row['baseline']} -> {row['best']}): {100 * row['share']:.0f}% of the gain"
+                   f"{interval}{failed}", markup=False, soft_wrap=True)
+    _out.print(f"(shares: (best - best with it reverted) / gain; {int(100 * doc['interval'])}% Student-t intervals "
+               "from the repeats (none with --repeats 1); they need not add up to 100% when parameters interact)",
+               markup=False, soft_wrap=True)
 
 
 # -- export / dashboard -------------------------------------------------------------------------
@@ -489,7 +512,7 @@ def export(
     python: Optional[str] = typer.Option(None, "--python", metavar="PATH",
                                          help="The serving host's interpreter to bake in (default: python3; "
                                               "PYTHON overrides it at launch)."),
-    memory_margin: float = typer.Option(0.02, "--memory-margin", min=0.0, max=1.0,
+    memory_margin: float = typer.Option(DEFAULT_MEMORY_MARGIN, "--memory-margin", min=0.0, max=1.0,
                                         help="How far below the nearest memory failure the study saw a memory "
                                              "parameter is exported: absolute for fractions, else relative; one "
                                              "grid step at least."),
@@ -564,7 +587,7 @@ def report(
     from autotune.study_view import load_study
 
     check_output(output)  # before anything is read or rendered
-    page = build_report(load_study(name, storage))
+    page = build_report(load_study(name, storage), storage)
     write_profile(output, page, FILE_MODE)
     _err.print(f"wrote {output} ({len(page.encode()) // 1024} KiB)", markup=False, highlight=False)
 
@@ -576,7 +599,7 @@ def dashboard(storage: str = StorageOpt, host: str = typer.Option("127.0.0.1", "
     from optuna.artifacts import FileSystemArtifactStore
     from optuna_dashboard import run_server
 
-    from autotune.driver import artifact_dir
+    from autotune.storage import artifact_dir
 
     if not 1 <= port <= 65535:
         raise UsageError(f"--port {port}: expected a port number between 1 and 65535")
@@ -631,8 +654,11 @@ def main() -> None:
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
-    """Print ``autotune: error: MESSAGE`` as one line on stderr and exit with ``code``."""
-    sys.stderr.write(f"autotune: error: {' '.join(message.split()) or 'invalid input'}\n")
+    """Print ``autotune: error: MESSAGE`` (:data:`autotune.errors.ERROR_PREFIX`) as one line on stderr
+    and exit with ``code``."""
+    from autotune.errors import ERROR_PREFIX
+
+    sys.stderr.write(f"{ERROR_PREFIX} {' '.join(message.split()) or 'invalid input'}\n")
     sys.exit(code)
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+ERROR_PREFIX = "autotune: error:"
+"""How the command line starts each one-line error on stderr (``autotune: error: MESSAGE``)."""
+
 
 class UsageError(Exception):
     """Bad input from the user: a missing file, malformed YAML, an invalid value.

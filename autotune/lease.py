@@ -28,6 +28,10 @@ from optuna.storages import RDBStorage
 
 from autotune.errors import UsageError
 
+STALE_AFTER_S = 60.0
+"""Seen from another host, an owner is dead when its heartbeat is this old (the default of
+:class:`StudyLease`, and what `study status`/`study stop` use)."""
+
 _METADATA = sa.MetaData()
 LEASES = sa.Table(
     "autotune_leases",
@@ -64,13 +68,13 @@ class Owner:
 
 def process_start_time(pid: int) -> str:
     """The start time of ``pid`` in clock ticks since boot (field 22 of /proc/PID/stat), or ""
-    when the process does not exist or /proc is not there."""
+    when the process does not exist, has exited (a zombie not yet reaped) or /proc is not there."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return ""
     fields = stat.rsplit(")", 1)[-1].split()
-    return fields[19] if len(fields) > 19 else ""
+    return fields[19] if len(fields) > 19 and fields[0] != "Z" else ""
 
 
 def owner_alive(owner: Owner, *, stale_after_s: float, here: str | None = None) -> bool:
@@ -97,7 +101,7 @@ class StudyLease:
     :meth:`release` the row is gone and the next driver takes the study at once.
     """
 
-    def __init__(self, storage: RDBStorage, study_name: str, *, stale_after_s: float = 60.0,
+    def __init__(self, storage: RDBStorage, study_name: str, *, stale_after_s: float = STALE_AFTER_S,
                  heartbeat_s: float = 5.0) -> None:
         self.engine: sa.engine.Engine = storage.engine
         self.study_name = study_name
@@ -108,6 +112,7 @@ class StudyLease:
         self.me = Owner(uuid.uuid4().hex, socket.gethostname(), pid, process_start_time(pid), now, now)
         self.lost = False
         self._held = False
+        self._table = False  # known to exist
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -116,6 +121,7 @@ class StudyLease:
         for attempt in range(5):
             try:
                 _METADATA.create_all(self.engine, tables=[LEASES], checkfirst=True)
+                self._table = True
                 return
             except sa.exc.SQLAlchemyError:
                 # Two drivers creating it at once: one of them sees "already exists".
@@ -124,8 +130,12 @@ class StudyLease:
                 time.sleep(0.2 * (attempt + 1))
 
     def current(self) -> Owner | None:
-        """The owner recorded for the study, alive or not."""
-        self._create_table()
+        """The owner recorded for the study, alive or not; None when there is none. Read-only: a
+        missing lease table (nothing ever acquired a lease in this storage) is not created."""
+        if not self._table:
+            if not sa.inspect(self.engine).has_table(LEASES.name):
+                return None
+            self._table = True
         with self.engine.connect() as conn:
             row = conn.execute(sa.select(LEASES).where(LEASES.c.study_name == self.study_name)).first()
         if row is None:

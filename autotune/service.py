@@ -5,16 +5,21 @@ as a daemon of this machine: a new session (no terminal, so no SIGHUP when it cl
 ``/dev/null``, stdout and stderr appended to ``<artifacts>/daemons/<name>.log`` and its pid in
 ``<artifacts>/daemons/<name>.pid`` (``<artifacts>``: :func:`autotune.driver.artifact_dir`). The
 foreground waits until the daemon holds the study's lease (it runs the study) or has exited
-(its one-line error becomes ours, with its exit code), at most :data:`START_WAIT_S`.
+(its one-line error becomes ours, with its exit code), at most :data:`START_WAIT_S`. The pid file
+is removed when the daemon exits before that; a pid file left by a daemon that ended later is
+stale, and `study status` reports a daemon only while the process it names is the daemon
+(:func:`daemon_pid`).
 
 Status and stop read who runs a study from its lease (:mod:`autotune.lease`) and what it does from
 the study's attributes the driver writes (:data:`autotune.driver.SLOTS_ATTR`, each trial's
 ``slot``/``phase``/``phase_since``). A stop is written to the study
 (:data:`autotune.driver.STOP_ATTR`, which a driver on any host polls between waits) and, for a
 driver on this host, also sent as SIGTERM; either way the driver tears its running trials down,
-records them ``fault``/``interrupted``, enqueues them again and releases the lease.
+records them ``fault``/``interrupted``, enqueues them again and releases the lease. The trials it
+interrupted are those of its owner id (user attr ``owner``) recorded ``interrupted``: no host's
+clock is compared with another's.
 
-Nothing here creates a database: the lease table is only read when it exists.
+Nothing here creates a database or the lease table (:meth:`StudyLease.current` only reads).
 """
 
 from __future__ import annotations
@@ -27,9 +32,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import optuna
 import sqlalchemy as sa
@@ -37,19 +43,22 @@ from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 
 from autotune.driver import SLOTS_ATTR, STOP_ATTR
-from autotune.errors import UsageError
-from autotune.lease import LEASES, Owner, StudyBusyError, StudyLease, owner_alive
+from autotune.errors import ERROR_PREFIX, UsageError
+from autotune.lease import (
+    STALE_AFTER_S,
+    Owner,
+    StudyBusyError,
+    StudyLease,
+    owner_alive,
+    process_start_time,
+)
 from autotune.storage import artifact_dir, has_studies, open_storage
 from autotune.study_view import best_view
 
 START_WAIT_S = 60.0
 """How long ``--detach`` waits for the daemon to take the study's lease."""
-STALE_AFTER_S = 60.0
-"""A driver on another host is dead when its heartbeat is this old (as :class:`StudyLease`)."""
 POLL_S = 0.25
 LOG_TAIL_LINES = 3
-ERROR_PREFIX = "autotune: error:"
-"""How the command line starts its one-line errors (:func:`autotune.cli._fail`)."""
 
 
 class DaemonExitedError(UsageError):
@@ -89,8 +98,6 @@ def daemon_files(storage: str, name: str) -> tuple[Path, Path]:
 def lease_owner(rdb: RDBStorage, name: str) -> Owner | None:
     """The recorded owner of study ``name``'s lease, alive or not; None when there is none (or no
     lease table, which is not created)."""
-    if not sa.inspect(rdb.engine).has_table(LEASES.name):
-        return None
     return StudyLease(rdb, name).current()
 
 
@@ -157,10 +164,10 @@ def _await_lease(proc: subprocess.Popen[bytes], name: str, storage: str, log: Pa
     while True:
         code = proc.poll()
         if code is not None:
+            pid_file.unlink(missing_ok=True)  # it has ended: its log stays
             if code == 0:
                 return DaemonInfo(proc.pid, log, pid_file, running=False, exit_code=0)
             tail = " | ".join(log_tail(log, offset)) or "no output"
-            pid_file.unlink(missing_ok=True)  # it never ran: its log stays
             raise DaemonExitedError(f"the detached study '{name}' exited with code {code} before it started: "
                                     f"{tail} (log: {log})", code if 0 < code < 256 else 1)
         try:
@@ -201,8 +208,8 @@ def study_status(study: optuna.Study, storage: str, *, now: float | None = None)
     ``metric``, ``best`` (``{"number", "value", "params"}`` or None), ``slots`` (as the driver
     last wrote them, which is at its start, on a quarantine and at its end, plus
     ``running_trial``: the number of the RUNNING trial on the slot, or None),
-    ``stop_requested`` and ``daemon`` (``{"pid", "pid_file", "log", "running"}`` when a pid file
-    exists, else None).
+    ``stop_requested`` and ``daemon`` (``{"pid", "pid_file", "log", "running"}`` while the process
+    its pid file names runs (:func:`daemon_pid`), else None; ``running``: it holds the lease).
     """
     now = time.time() if now is None else now
     name = study.study_name
@@ -222,8 +229,8 @@ def study_status(study: optuna.Study, storage: str, *, now: float | None = None)
     attrs = study.user_attrs
     pid_file, log = daemon_files(storage, name)
     daemon = None
-    if pid_file.is_file():
-        pid = _read_pid(pid_file)
+    pid = daemon_pid(pid_file)
+    if pid is not None:
         daemon = {"pid": pid, "pid_file": str(pid_file), "log": str(log),
                   "running": alive and owner is not None and owner.pid == pid and owner.host == socket.gethostname()}
     return {
@@ -245,11 +252,39 @@ def study_status(study: optuna.Study, storage: str, *, now: float | None = None)
     }
 
 
-def _read_pid(path: Path) -> int | None:
+def daemon_pid(pid_file: Path) -> int | None:
+    """The pid in ``pid_file`` while that process runs, else None: the file is stale (the daemon
+    exited or was killed, or its pid now names a process that started after the file was written)."""
     try:
-        return int(path.read_text().split()[0])
+        pid = int(pid_file.read_text().split()[0])
+        written = pid_file.stat().st_mtime
     except (OSError, ValueError, IndexError):
         return None
+    if not Path("/proc").is_dir():  # no start times to compare: the pid's existence
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return pid
+    ticks = process_start_time(pid)  # "" when gone (or a zombie)
+    if not ticks:
+        return None
+    boot = _boot_time()
+    # The daemon started before its pid file was written (1 s: the boot time's rounding).
+    return pid if boot is None or boot + int(ticks) / os.sysconf("SC_CLK_TCK") <= written + 1.0 else None
+
+
+def _boot_time() -> float | None:
+    """The unix time this machine booted (``btime`` of /proc/stat), or None."""
+    try:
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def status_lines(doc: dict[str, Any]) -> list[str]:
@@ -344,10 +379,9 @@ def wait_stopped(rdb: RDBStorage, name: str, owner: Owner, timeout_s: float,
         time.sleep(min(2 * POLL_S, timeout_s - (now - start)))
 
 
-def interrupted_since(study: optuna.Study, at: float) -> list[int]:
-    """Numbers of the trials recorded ``interrupted`` that finished at or after unix time ``at``."""
-    since = datetime.datetime.fromtimestamp(at)  # Optuna records local naive times
+def interrupted_trials(study: optuna.Study, owner: Owner) -> list[int]:
+    """Numbers of the trials that the driver ``owner`` ran and recorded ``interrupted`` (user attrs
+    ``owner`` and ``failure_kind``): what stopping it interrupted, whatever the hosts' clocks."""
     return [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-            if t.user_attrs.get("failure_kind") == "interrupted"
-            and t.datetime_complete is not None and t.datetime_complete >= since]
+            if t.user_attrs.get("owner") == owner.id and t.user_attrs.get("failure_kind") == "interrupted"]
 
