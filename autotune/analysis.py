@@ -4,8 +4,8 @@ Read-only over the storage. :func:`explain` returns one JSON-able document; ``au
 explain`` prints it. Trials of an ablation (user attr ``ablation``) are left out: they repeat
 chosen configurations and would count the same evidence several times.
 
-Crash rules (:func:`failure_rules`)
------------------------------------
+Crash rules (:func:`failure_rules`; :func:`crash_rules`: their printed lines alone)
+-----------------------------------------------------------------------------------
 
 A rule is a conjunction of one or two conditions on the *applied* parameter values (``P=v``;
 ``P >= x`` / ``P <= x`` for a numeric parameter, or over the numbers of a categorical one such as
@@ -111,6 +111,9 @@ OTHER_WEIGHT = 0.5
 EXCUSED_WEIGHT = 0.25
 """...and once a rule of its own kind explains it."""
 MAX_PAIR_CANDIDATES = 400
+"""Conditions (those with the most failures) tried in pairs."""
+MAX_RANKED = 500
+"""Candidates tested for chance, surest first, before a cover step gives up."""
 MIN_TRIALS = 20
 """Fewest trials (feasible ones for the objective, finished ones for feasibility) for importances."""
 RESAMPLES = 40
@@ -190,7 +193,6 @@ class FailureRule:
             "conditions": [c.to_json() for c in self.conditions],
             "kind": self.kind,
             "support": {"failed": self.failed, "covered": self.covered},
-            "failed_of_covered": [self.failed, self.covered],
             "other_failures": self.other_failures,
             "trials": list(self.trials),
             "p_value": float(f"{self.p_value:.3g}"),
@@ -205,7 +207,6 @@ class RuleReport:
     rules: list[FailureRule]
     unexplained: dict[str, list[int]]
     finished: int
-    failures: int
 
     def unexplained_json(self) -> dict[str, Any]:
         trials = sorted(n for ns in self.unexplained.values() for n in ns)
@@ -307,28 +308,15 @@ def hypergeom_tail(population: int, successes: int, draws: int, observed: int) -
     return min(1.0, total)
 
 
-@dataclass
-class _Settings:
-    min_support: int
-    min_precision: float
-    alpha: float
-    alpha_pair: float
-    alpha_within: float
-    other_weight: float
-    excused_weight: float
-    alpha_alone: float
-
-    @classmethod
-    def make(cls, **changes: Any) -> _Settings:
-        """The module's settings (read now), with ``changes``."""
-        return cls(**{"min_support": MIN_SUPPORT, "min_precision": MIN_PRECISION, "alpha": ALPHA,
-                      "alpha_pair": ALPHA_PAIR, "alpha_within": ALPHA_WITHIN, "other_weight": OTHER_WEIGHT,
-                      "excused_weight": EXCUSED_WEIGHT, "alpha_alone": ALPHA_ALONE,
-                      **changes})
+def _rule_settings() -> dict[str, Any]:
+    """The crash rules' settings (the module's constants), as ``explain`` reports them."""
+    return {"min_support": MIN_SUPPORT, "min_precision": MIN_PRECISION, "alpha": ALPHA, "alpha_pair": ALPHA_PAIR,
+            "alpha_within": ALPHA_WITHIN, "other_weight": OTHER_WEIGHT, "excused_weight": EXCUSED_WEIGHT,
+            "alpha_alone": ALPHA_ALONE}
 
 
 def _cover_kind(kind_fail: np.ndarray, weight: np.ndarray, conds: list[Condition], masks: np.ndarray,
-                params_of: np.ndarray, s: _Settings) -> list[tuple[tuple[int, ...], np.ndarray]]:
+                params_of: np.ndarray) -> list[tuple[tuple[int, ...], np.ndarray]]:
     """Sequential greedy cover of the failures ``kind_fail`` (bool per row). ``weight``: how much
     each other row counts against a rule covering it (0: excused). Each rule is judged on the rows
     no earlier rule covers (its failures are explained, its other rows accounted for). Returns the
@@ -337,7 +325,7 @@ def _cover_kind(kind_fail: np.ndarray, weight: np.ndarray, conds: list[Condition
     against = counted & ~kind_fail
     active = np.ones(len(kind_fail), dtype=bool)
     chosen: list[tuple[tuple[int, ...], np.ndarray]] = []
-    if int(kind_fail.sum()) < s.min_support or not len(conds):
+    if int(kind_fail.sum()) < MIN_SUPPORT or not len(conds):
         return chosen
 
     def stats(rows_a: np.ndarray, rows_b: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
@@ -359,7 +347,7 @@ def _cover_kind(kind_fail: np.ndarray, weight: np.ndarray, conds: list[Condition
     def pick(fail: np.ndarray, agn: np.ndarray, nag: np.ndarray, cov: np.ndarray, alpha: float,
              extra_ok: Any = None) -> int | None:
         prec = fail / np.maximum(fail + agn, 1e-9)
-        idx = np.flatnonzero((fail >= s.min_support) & (prec >= s.min_precision))
+        idx = np.flatnonzero((fail >= MIN_SUPPORT) & (prec >= MIN_PRECISION))
         if not len(idx):
             return None
         # surest first (the lower bound of the precision: purity and support together, so a pure
@@ -367,15 +355,15 @@ def _cover_kind(kind_fail: np.ndarray, weight: np.ndarray, conds: list[Condition
         # then the most failures net of what counts against, then the tightest (fewest rows)
         lb = _wilson_low(fail[idx], fail[idx] + agn[idx])
         keys = np.lexsort((idx, cov[idx], -(fail[idx] - agn[idx]), -np.round(lb, 6)))
-        for j in idx[keys][:500]:
+        for j in idx[keys][:MAX_RANKED]:
             if chance(fail[j], nag[j]) <= alpha and (extra_ok is None or extra_ok(int(j))):
                 return int(j)
         return None
 
     every = np.arange(len(conds))
-    while int((kind_fail & active).sum()) >= s.min_support:
+    while int((kind_fail & active).sum()) >= MIN_SUPPORT:
         fail1, agn1, nag1, cov1 = stats(every)
-        j = pick(fail1, agn1, nag1, cov1, s.alpha)
+        j = pick(fail1, agn1, nag1, cov1, ALPHA)
         best_single = float(_wilson_low(fail1[j], fail1[j] + agn1[j])) if j is not None else -np.inf
         # two conditions, when the pair explains more, net of what counts against, than any one
         # condition: each must matter given the other (both_needed)
@@ -384,7 +372,7 @@ def _cover_kind(kind_fail: np.ndarray, weight: np.ndarray, conds: list[Condition
         # that only matters inside the other's trials is a coincidence of the search
         cand = np.flatnonzero(fail1 > 0)
         cand = cand[np.argsort(-fail1[cand], kind="stable")[:MAX_PAIR_CANDIDATES]]
-        cand = np.array([c for c in cand if chance(fail1[c], nag1[c]) <= s.alpha_alone], dtype=int)
+        cand = np.array([c for c in cand if chance(fail1[c], nag1[c]) <= ALPHA_ALONE], dtype=int)
         pair = None
         if len(cand) >= 2:
             n = len(cand)
@@ -399,11 +387,11 @@ def _cover_kind(kind_fail: np.ndarray, weight: np.ndarray, conds: list[Condition
                 for x in divmod(flat, n):
                     within, k_within = int(fail1[cand[x]] + nag1[cand[x]]), int(fail1[cand[x]])
                     if hypergeom_tail(within, k_within, int(fail2.flat[flat] + nag2.flat[flat]),
-                                      int(fail2.flat[flat])) > s.alpha_within:
+                                      int(fail2.flat[flat])) > ALPHA_WITHIN:
                         return False
                 return True
 
-            flat = pick(fail2.ravel(), agn2.ravel(), nag2.ravel(), cov2.ravel(), s.alpha_pair, both_needed)
+            flat = pick(fail2.ravel(), agn2.ravel(), nag2.ravel(), cov2.ravel(), ALPHA_PAIR, both_needed)
             if flat is not None:
                 a, b = divmod(flat, n)
                 pair = (int(cand[a]), int(cand[b]))
@@ -427,9 +415,8 @@ def _aliases(conds: list[Condition], masks: np.ndarray, idx: tuple[int, ...], fa
             if c.op == "=" and c.param not in mine and bool(m[failed].all()) and int(m.sum()) < len(m)]
 
 
-def failure_rules(views: Sequence[TrialView], **settings: Any) -> RuleReport:
+def failure_rules(views: Sequence[TrialView]) -> RuleReport:
     """The crash rules of the finished trials ``views`` (see the module docstring)."""
-    s = _Settings.make(**settings)
     rows = _finished(views)
     n = len(rows)
     crashed = np.array([_crashed(v) for v in rows], dtype=bool)
@@ -442,13 +429,13 @@ def failure_rules(views: Sequence[TrialView], **settings: Any) -> RuleReport:
     def weights(kind: str, explained: np.ndarray) -> np.ndarray:
         """Against a rule of ``kind``: a success 1, a failure of another kind no rule explains
         ``other_weight``, one that a rule of its kind explains 0."""
-        w = np.where(crashed, s.other_weight, 1.0)
-        w[explained & (kinds_of != kind)] = s.excused_weight
+        w = np.where(crashed, OTHER_WEIGHT, 1.0)
+        w[explained & (kinds_of != kind)] = EXCUSED_WEIGHT
         w[kinds_of == kind] = 0.0
         return w
 
     def run(explained: np.ndarray) -> Found:
-        return {kind: _cover_kind(kinds_of == kind, weights(kind, explained), conds, masks, params_of, s)
+        return {kind: _cover_kind(kinds_of == kind, weights(kind, explained), conds, masks, params_of)
                 for kind in kinds}
 
     def explained_by(found: Found) -> np.ndarray:
@@ -480,24 +467,10 @@ def failure_rules(views: Sequence[TrialView], **settings: Any) -> RuleReport:
         if left.any():
             unexplained[kind] = [rows[i].number for i in np.flatnonzero(left)]
     rules.sort(key=lambda r: (-len(r.trials), r.kind, r.condition))
-    return RuleReport(rules=rules, unexplained=unexplained, finished=n, failures=int(crashed.sum()))
+    return RuleReport(rules=rules, unexplained=unexplained, finished=n)
 
 
 # -- importance ----------------------------------------------------------------------------------
-@dataclass
-class Importance:
-    """One parameter's share of a target's variance: bootstrap median and interval, and verdict."""
-
-    median: float
-    low: float
-    high: float
-    verdict: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"median": round(self.median, 4), "low": round(self.low, 4), "high": round(self.high, 4),
-                "verdict": self.verdict}
-
-
 def _groups(values: list[Any], n_bins: int) -> np.ndarray | None:
     """Group index of each row: the value (categorical) or a quantile bin (numeric); None if the
     parameter has a single value."""
@@ -519,10 +492,9 @@ def _groups(values: list[Any], n_bins: int) -> np.ndarray | None:
     return np.unique(np.array(keys, dtype=object), return_inverse=True)[1]
 
 
-def _epsilon_sq(y: np.ndarray, g: np.ndarray, sst: float) -> tuple[float, float, np.ndarray]:
-    """What groups ``g`` account for in ``y``: the bias-corrected share of ``sst``, the spread (the
-    standard deviation over rows of the group effects, bias-corrected, in ``y``'s units), and each
-    row's group mean."""
+def _epsilon_sq(y: np.ndarray, g: np.ndarray, sst: float) -> tuple[float, float]:
+    """What groups ``g`` account for in ``y``: the bias-corrected share of ``sst`` and the spread
+    (the standard deviation over rows of the group effects, bias-corrected, in ``y``'s units)."""
     n = len(y)
     k_max = int(g.max()) + 1
     counts = np.bincount(g, minlength=k_max)
@@ -533,9 +505,9 @@ def _epsilon_sq(y: np.ndarray, g: np.ndarray, sst: float) -> tuple[float, float,
     ssb = float(((fitted - y.mean()) ** 2).sum())
     ssw = float(((y - fitted) ** 2).sum())
     if n - k <= 0 or sst <= 0:
-        return 0.0, 0.0, fitted
+        return 0.0, 0.0
     excess = max(0.0, ssb - (k - 1) * ssw / (n - k))
-    return excess / sst, math.sqrt(excess / n), fitted
+    return excess / sst, math.sqrt(excess / n)
 
 
 def _backfit(y: np.ndarray, groups: list[np.ndarray], sizes: list[int], skip: frozenset[int] = frozenset()) -> np.ndarray:
@@ -587,7 +559,7 @@ def _n_bins(n: int) -> int:
 def _marginal(y: np.ndarray, groups: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Each parameter's share and spread alone (one-way, bias-corrected)."""
     sst = float(((y - y.mean()) ** 2).sum())
-    out = [_epsilon_sq(y, g, sst)[:2] for g in groups]
+    out = [_epsilon_sq(y, g, sst) for g in groups]
     return np.array([o[0] for o in out]), np.array([o[1] for o in out])
 
 
@@ -638,7 +610,7 @@ def importance_of(rows: list[dict[str, Any]], y: Sequence[float], *, relative: b
             verdict = "no measurable effect"
         else:
             verdict = "uncertain"
-        doc["params"][name] = {**Importance(med, lo, hi, verdict).to_json(),
+        doc["params"][name] = {"median": round(med, 4), "low": round(lo, 4), "high": round(hi, 4), "verdict": verdict,
                                "alone": {"median": round(alone[0], 4), "low": round(alone[1], 4), "high": round(alone[2], 4)},
                                "spread": round(float(np.median(spread[:, j])), 4), "spread_high": round(spread_hi, 4),
                                "values": _tried([r.get(name) for r in rows])}
@@ -657,29 +629,37 @@ def _tried(values: list[Any]) -> Any:
     return list({repr(x): x for x in present}.values())
 
 
-def importance(views: Sequence[TrialView], direction: optuna.study.StudyDirection | None = None,
-               **kw: Any) -> dict[str, Any]:
+def importance(views: Sequence[TrialView]) -> dict[str, Any]:
     """Importance for the objective (feasible trials) and for feasibility (finished trials)."""
     rows = _finished(views)
     feasible = [v for v in rows if v.outcome == "ok" and v.value is not None]
     objective = importance_of([v.params for v in feasible], [float(v.value) for v in feasible],  # type: ignore[arg-type]
-                              relative=True, **kw)
-    feas = importance_of([v.params for v in rows], [1.0 if v.outcome == "ok" else 0.0 for v in rows], relative=False, **kw)
-    method = (f"bias-corrected one-way ANOVA share (epsilon-squared), staged, bootstrap over trials "
-              f"({kw.get('resamples', RESAMPLES)} resamples, {INTERVAL[0]:g}-{INTERVAL[1]:g} % interval)")
+                              relative=True)
+    feas = importance_of([v.params for v in rows], [1.0 if v.outcome == "ok" else 0.0 for v in rows], relative=False)
+    method = (f"share of the variance only this parameter accounts for in an additive model over all parameters "
+              f"(backfitting, bias-corrected), bootstrap over trials "
+              f"({RESAMPLES} resamples, {INTERVAL[0]:g}-{INTERVAL[1]:g} % interval)")
     return {"method": method, "effect_share": EFFECT_SHARE, "no_effect_share": NO_EFFECT_SHARE,
             "objective": objective, "feasibility": feas}
 
 
 # -- the document --------------------------------------------------------------------------------
-def _views(study: optuna.Study) -> list[TrialView]:
+def analysed_views(study: optuna.Study) -> list[TrialView]:
+    """The trials the analysis reads: all but ablation runs and trials still waiting in the queue."""
     return [view(t) for t in study.get_trials(deepcopy=False)
             if not t.user_attrs.get("ablation") and t.state != TrialState.WAITING]
 
 
+def crash_rules(study: optuna.Study) -> list[str]:
+    """The study's crash rules as ``study explain`` prints them (``NCCL_ALGO=Tree -> nccl-error
+    (4 of 4)``), in its order; the rules alone, without the importances' bootstrap, so cheap enough
+    for the end of every study."""
+    return [str(r) for r in failure_rules(analysed_views(study)).rules]
+
+
 def explain(study: optuna.Study) -> dict[str, Any]:
     """Outcome counts, failure kinds, crash rules and importances, as one JSON-able document."""
-    views = _views(study)
+    views = analysed_views(study)
     report = failure_rules(views)
     kinds = Counter(v.failure_kind for v in views if v.failure_kind)
     imp = importance(views)
@@ -692,9 +672,7 @@ def explain(study: optuna.Study) -> dict[str, Any]:
         "failure_kinds": dict(kinds),
         "failure_rules": [r.to_json() for r in report.rules],
         "unexplained_failures": report.unexplained_json(),
-        "rule_settings": {k: v for k, v in vars(_Settings.make()).items()},
+        "rule_settings": _rule_settings(),
         "metric": objective.get("metric"),
         "importance": imp,
-        # the objective's shares alone, name -> {median, low, high, verdict} (for readers of one table)
-        "importances": {k: v for k, v in imp["objective"]["params"].items() if "median" in v},
     }

@@ -78,7 +78,7 @@ COMMON_PATTERNS: tuple[Pattern, ...] = (
 )
 
 # Lines that help a person see what happened even when they name no kind.
-_NOTABLE = re.compile(r"Error|error|Exception|Traceback|WARN|FAILED|Killed|dead|fatal", re.ASCII)
+NOTABLE = re.compile(r"Error|error|Exception|Traceback|WARN|FAILED|Killed|dead|fatal", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ def classify(
     found = find_error(log_text, tuple(patterns))
     if found is None:
         idx = None
-        notable = [i for i, line in enumerate(log_text.splitlines()) if _NOTABLE.search(line)]
+        notable = [i for i, line in enumerate(log_text.splitlines()) if NOTABLE.search(line)]
         if notable:
             idx = notable[0]
         code = "" if exit_code is None else f" with exit code {exit_code}"

@@ -31,6 +31,7 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune._text import one_line
+from autotune.failures import COMMON_PATTERNS, NOTABLE
 from autotune.study_view import TrialView, view
 
 NOTE_HASH_PREFIX = "autotune:note:"
@@ -52,9 +53,6 @@ _STATE_WORDS = {
     "PRUNED": "Optuna records an infeasible trial as *Pruned*: it was not stopped early, the configuration failed.",
     "FAIL": "Optuna records a fault as *Fail*: it teaches the sampler nothing and the parameters are run again.",
 }
-# Lines that carry the failure: errors, NCCL warnings, OOM, tracebacks, a killed process.
-_KEY = re.compile(r"error|exception|traceback|out of memory|oom|nccl (warn|info.*fail)|warn|failed|fatal|killed|"
-                  r"not enough memory|invalid|no algorithm|cuda failure", re.IGNORECASE)
 
 
 # -- Markdown helpers ------------------------------------------------------------------------
@@ -90,12 +88,18 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _is_key(line: str) -> bool:
+    """A line that carries a failure, as the failure classifier reads logs: one of its failure
+    patterns (OOM, NCCL errors, ...) or an error, warning, traceback or killed-process line."""
+    return bool(NOTABLE.search(line)) or any(p.regex.search(line) for p in COMMON_PATTERNS)
+
+
 def key_lines(excerpt: str, message: str | None = None, limit: int = KEY_LINES) -> list[str]:
     """The lines of a log excerpt that say what failed: the failure's own line and the error
     lines, in log order (at most ``limit``); the excerpt's last lines if none stands out."""
     lines = [ln.rstrip() for ln in excerpt.splitlines() if ln.strip()]
     msg = (message or "").strip()
-    keep = [i for i, ln in enumerate(lines) if (msg and msg in ln) or _KEY.search(ln)]
+    keep = [i for i, ln in enumerate(lines) if (msg and msg in ln) or _is_key(ln)]
     if not keep:
         return lines[-min(limit, 8):]
     if len(keep) > limit:  # the failure's own line first, then the last error lines

@@ -18,6 +18,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from autotune.analysis import crash_rules
 from autotune.runner import TrialResult
 from autotune.study_view import TrialView, trial_views
 
@@ -56,7 +57,7 @@ class ConsoleReporter:
             self.live.start()
 
     def trial_started(self, number: int, params: dict[str, Any], baseline: bool, slot: str = "") -> None:
-        self.running[number] = _Running(time.monotonic(), slot)
+        self.running[number] = _Running(time.monotonic())
         tag = " (baseline)" if baseline else ""
         where = f" on {slot}" if slot and slot != "local" else ""
         shown = " ".join(f"{k}={v}" for k, v in params.items() if v != "unset")
@@ -66,7 +67,7 @@ class ConsoleReporter:
     def phase(self, number: int, phase: str, detail: str) -> None:
         run = self.running.get(number)
         if run is None:
-            run = self.running[number] = _Running(time.monotonic(), "")
+            run = self.running[number] = _Running(time.monotonic())
         changed = phase != run.phase
         run.phase, run.detail = phase, detail
         if self.live is None and changed:
@@ -97,7 +98,7 @@ class ConsoleReporter:
         maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
         views = trial_views(study)
         self.console.print(top_table(views, self.metric, maximize))
-        for line in outcome_lines(views, crash_rules(study)):
+        for line in outcome_lines(views, crash_rules(study)):  # the rules alone: no importance fit
             self.console.print(line)
         self.console.print(Text(f"every trial: autotune study show {study.study_name}", style="dim"))
         if reason:
@@ -134,7 +135,6 @@ class _Running:
     """A trial in flight as the console shows it."""
 
     start: float
-    slot: str
     phase: str = ""
     detail: str = ""
 
@@ -148,18 +148,6 @@ def shorten(text: str, limit: int) -> str:
     head = (limit - 5) * 2 // 3
     tail = limit - 5 - head
     return f"{flat[:head]} ... {flat[-tail:]}"
-
-
-def crash_rules(study: optuna.Study) -> list[str]:
-    """The study's crash rules as ``study explain`` states them (none when it cannot say)."""
-    from autotune.analysis import explain
-
-    try:
-        doc = explain(study)
-    except Exception:  # noqa: BLE001 - the summary must not fail a finished study
-        return []
-    rules = doc.get("failure_rules") or doc.get("rules") or []
-    return [r if isinstance(r, str) else str(r.get("text") or r.get("rule") or r) for r in rules]
 
 
 def top_table(views: list[TrialView], metric: str, maximize: bool = True, top: int = TOP_TRIALS) -> Table:

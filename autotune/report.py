@@ -1,7 +1,7 @@
 """``autotune report NAME -o report.html``: one self-contained HTML page about a study.
 
-Sections: outcomes, optimization history, parameter importances (with intervals when the
-analysis gives them), a feasibility map over the two most important parameters, parallel
+Sections: outcomes, optimization history, parameter importances with their intervals (for the
+objective and for feasibility), a feasibility map over the two most important parameters, parallel
 coordinates, the crash rules, the ablation, the best profile and every trial in one table.
 
 Contracts:
@@ -11,9 +11,10 @@ Contracts:
   in the browser. Each chart is a ``<div id="fig-...">`` with class :data:`FIGURE_CLASS`.
 - All user data (names, values, failure messages, the profile) is HTML-escaped in the page; in
   the figures' JSON ``<`` is escaped by plotly, so nothing in a value can end a script.
-- The analysis (:func:`autotune.analysis.explain`) is read defensively: its rules and
-  importances are shown whatever their shape (strings, numbers or records); a failing analysis
-  is reported in the page rather than losing the rest of it.
+- The analysis is :func:`autotune.analysis.explain`'s document, read as it is; a failing
+  analysis is reported in the page rather than losing the rest of it.
+- The best profile is ``autotune export``'s (:func:`autotune.export.from_study`: memory back-off
+  and provenance included), shown as its ``sh`` format.
 """
 
 from __future__ import annotations
@@ -31,20 +32,12 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.errors import UsageError
+from autotune.results import finite_number
 from autotune.study_view import TrialView, best_view, trial_views
 
 FIGURE_CLASS = "autotune-figure"
 """Class of the element wrapping each chart (its plotly div is ``id="fig-<name>"``)."""
 FIGURE_HEIGHT = 460
-
-_IMPORTANCE_KEYS = ("importance", "mean", "value", "median", "estimate", "score")
-_LOW_KEYS = ("low", "lo", "lower", "ci_low", "importance_low", "min", "q05", "p05")
-_HIGH_KEYS = ("high", "hi", "upper", "ci_high", "importance_high", "max", "q95", "p95")
-_PAIR_KEYS = ("interval", "ci", "range", "bounds")
-_NAME_KEYS = ("parameter", "param", "name", "key")
-_KNOWN_EXPLAIN_KEYS = {"study", "trials", "finished", "outcomes", "failure_kinds", "failure_rules", "rules",
-                       "crash_rules", "unexplained_failures", "rule_settings", "metric", "importances", "importance",
-                       "param_importances", "importance_intervals"}
 
 
 def _e(value: Any) -> str:
@@ -66,104 +59,43 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    f = float(value)
-    return None if math.isnan(f) or math.isinf(f) else f
-
-
 # -- reading the analysis ---------------------------------------------------------------------
-def importance_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The analysis' importances as ``[{"parameter", "importance", "low", "high", "verdict"}]``
-    (low/high None when it gives no interval; importance None for a parameter it only gives a
-    verdict for, e.g. "not varied"), most important first, whatever shape they come in: a
-    mapping name -> number, name -> record, or a list of records."""
-    raw = next((doc[k] for k in ("importances", "param_importances", "params") if doc.get(k)), None)
-    items: list[tuple[Any, Any]] = []
-    if isinstance(raw, Mapping):
-        items = list(raw.items())
-    elif isinstance(raw, (list, tuple)):
-        items = [(None, r) for r in raw]
-    extra = doc.get("importance_intervals") if isinstance(doc.get("importance_intervals"), Mapping) else {}
-    rows = []
-    for key, val in items:
-        name, imp, lo, hi, verdict = key, None, None, None, None
-        if isinstance(val, Mapping):
-            name = next((val[k] for k in _NAME_KEYS if val.get(k) is not None), key)
-            imp = next((_number(val[k]) for k in _IMPORTANCE_KEYS if _number(val.get(k)) is not None), None)
-            lo = next((_number(val[k]) for k in _LOW_KEYS if _number(val.get(k)) is not None), None)
-            hi = next((_number(val[k]) for k in _HIGH_KEYS if _number(val.get(k)) is not None), None)
-            pair = next((val[k] for k in _PAIR_KEYS if isinstance(val.get(k), (list, tuple)) and len(val[k]) == 2), None)
-            if pair is not None and lo is None and hi is None:
-                lo, hi = _number(pair[0]), _number(pair[1])
-            verdict = val.get("verdict")
-        elif isinstance(val, (list, tuple)) and len(val) == 3 and key is not None:  # name: [imp, lo, hi]
-            imp, lo, hi = (_number(x) for x in val)
-        else:
-            imp = _number(val)
-        if name is None or (imp is None and verdict is None):
-            continue
-        pair = extra.get(name) if isinstance(extra, Mapping) else None
-        if isinstance(pair, (list, tuple)) and len(pair) == 2 and lo is None and hi is None:
-            lo, hi = _number(pair[0]), _number(pair[1])
-        rows.append({"parameter": str(name), "importance": imp, "low": lo, "high": hi,
-                     "verdict": None if verdict is None else str(verdict)})
-    rows.sort(key=lambda r: (r["importance"] is None, -(r["importance"] or 0.0)))
-    return rows
+def importance_rows(target: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One target's importances (``explain(study)["importance"]["objective"|"feasibility"]``) as
+    ``[{"parameter", "importance", "low", "high", "verdict"}]``, in the analysis' order (most
+    important first); importance, low and high are None for a parameter the analysis only gives a
+    verdict for ("not varied")."""
+    return [{"parameter": name, "importance": p.get("median"), "low": p.get("low"), "high": p.get("high"),
+             "verdict": p["verdict"]} for name, p in target["params"].items()]
 
 
 def importance_sets(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Each importance the analysis gives: ``[{"target", "rows", "verdict", "method"}]``.
+    """The analysis' two importances: ``[{"target", "rows", "verdict", "method"}]``.
 
-    ``target`` is ``objective`` (over the feasible trials) or ``feasibility`` (over the finished
-    ones) when the analysis gives both (``importance: {objective: {params, verdict}, feasibility:
-    ...}``); a flat ``importances`` is the objective's. ``verdict``: the analysis' word on the
-    whole target (e.g. ``not enough trials (4, need 20)``), None when it gives none.
+    ``target``: ``objective`` (over the feasible trials), then ``feasibility`` (over the finished
+    ones). ``verdict``: the analysis' word on the whole target when it is not ``ok`` (e.g. ``not
+    enough trials (4, need 20)``), else None. No analysis (``doc`` empty): none.
     """
-    nested = doc.get("importance")
-    out: list[dict[str, Any]] = []
-    if isinstance(nested, Mapping) and any(isinstance(nested.get(t), Mapping) for t in ("objective", "feasibility")):
-        for target in ("objective", "feasibility"):
-            sub = nested.get(target)
-            if isinstance(sub, Mapping):
-                verdict = sub.get("verdict")
-                out.append({"target": target, "rows": importance_rows(sub),
-                            "verdict": None if verdict in (None, "ok") else str(verdict),
-                            "method": nested.get("method")})
-        return out
-    return [{"target": "objective", "rows": importance_rows(doc), "verdict": None, "method": None}]
+    imp = doc.get("importance")
+    if imp is None:
+        return []
+    return [{"target": target, "rows": importance_rows(imp[target]),
+             "verdict": None if imp[target]["verdict"] == "ok" else str(imp[target]["verdict"]),
+             "method": imp["method"]} for target in ("objective", "feasibility")]
 
 
-def _with_interval(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in rows if r["importance"] is not None and r["low"] is not None and r["high"] is not None]
+def _measured(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows with a share (and its interval): the parameters the study varied."""
+    return [r for r in rows if r["importance"] is not None]
 
 
-def rule_items(doc: Mapping[str, Any]) -> list[Any]:
-    """The analysis' crash rules: strings or records, as given."""
-    raw = next((doc[k] for k in ("failure_rules", "rules", "crash_rules") if doc.get(k)), None)
-    if isinstance(raw, Mapping):
-        return [{"rule": k, **v} if isinstance(v, Mapping) else f"{k}: {_fmt(v)}" for k, v in raw.items()]
-    return list(raw) if isinstance(raw, (list, tuple)) else []
+def _rule_parameter(rule: Mapping[str, Any], names: Iterable[str]) -> str | None:
+    """The parameter of the rule's first condition, when the trials have it."""
+    param = rule["conditions"][0]["param"]
+    return param if param in set(names) else None
 
 
-def _rule_parameter(rule: Any, names: Iterable[str]) -> str | None:
-    known = set(names)
-    if isinstance(rule, Mapping):
-        for k in ("parameter", "param", "name"):
-            if rule.get(k) in known:
-                return str(rule[k])
-        for cond in rule.get("conditions") or []:
-            if isinstance(cond, Mapping) and cond.get("param") in known:
-                return str(cond["param"])
-        text = str(rule.get("condition") or rule.get("rule") or "")
-    else:
-        text = str(rule)
-    words = text.replace("=", " ").replace("<", " ").replace(">", " ").replace(":", " ").split()
-    return next((w for w in words if w in known), None)
-
-
-def top_parameters(imps: list[dict[str, Any]], rules: list[Any], views: list[TrialView], n: int = 2) -> list[str]:
+def top_parameters(imps: list[dict[str, Any]], rules: list[Mapping[str, Any]], views: list[TrialView], n: int = 2) -> list[str]:
     """The ``n`` parameters for the feasibility map: the most important first (``imps``: rows of
     one or more importances; a parameter ranks by its largest share in any), then those the
     crash rules name, then the rest in the order trials list them."""
@@ -210,10 +142,10 @@ def _history(study: optuna.Study, metric: str) -> Any:
 
 
 def _importance_figure(rows: list[dict[str, Any]], title: str) -> Any:
-    """Importances with their intervals as error bars (None when none has an interval)."""
+    """Importances with their intervals as error bars (None when no parameter was varied)."""
     import plotly.graph_objects as go
 
-    rows = list(reversed(_with_interval(rows)))  # plotly draws the first bar at the bottom
+    rows = list(reversed(_measured(rows)))  # plotly draws the first bar at the bottom
     if not rows:
         return None
     fig = go.Figure(go.Bar(
@@ -226,20 +158,9 @@ def _importance_figure(rows: list[dict[str, Any]], title: str) -> Any:
     return fig
 
 
-def _optuna_importances(sub: optuna.Study | None, metric: str) -> Any:
-    """Optuna's importance chart over the feasible trials: the fallback when the analysis gives
-    importances without intervals."""
-    if sub is None or len(sub.trials) < 2:
-        return None
-    from optuna.visualization import plot_param_importances
-
-    return _quiet(lambda: plot_param_importances(sub, target_name=metric)), \
-        "Optuna's fANOVA importances over the feasible trials (the analysis gave no intervals)"
-
-
 def _axis_values(values: list[Any]) -> list[Any]:
     """Values for one plot axis: numbers stay numbers; anything else (or a mix) becomes text."""
-    if all(_number(v) is not None for v in values):
+    if all(finite_number(v) is not None for v in values):
         return values
     return [_fmt(v) for v in values]
 
@@ -298,11 +219,11 @@ def _parallel(sub: optuna.Study | None, metric: str) -> Any:
 def _ablation_figure(doc: Mapping[str, Any]) -> tuple[Any, str] | None:
     import plotly.graph_objects as go
 
-    rows = [r for r in doc.get("parameters") or [] if isinstance(r, Mapping) and _number(r.get("share")) is not None]
+    rows = [r for r in doc.get("parameters") or [] if isinstance(r, Mapping) and finite_number(r.get("share")) is not None]
     if not rows:
         return None
-    lo = [_number(r.get("share_low")) for r in rows]
-    hi = [_number(r.get("share_high")) for r in rows]
+    lo = [finite_number(r.get("share_low")) for r in rows]
+    hi = [finite_number(r.get("share_high")) for r in rows]
     shares = [float(r["share"]) for r in rows]
     bar = go.Bar(x=[str(r.get("parameter")) for r in rows], y=shares, hovertemplate="%{x}: %{y:.2f}<extra></extra>")
     if all(x is not None for x in lo + hi):
@@ -330,62 +251,35 @@ def _table(headers: list[str], rows: Iterable[Iterable[Any]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _support(rule: Mapping[str, Any]) -> str:
-    sup = rule.get("support")
-    if isinstance(sup, Mapping) and "failed" in sup:
-        return f"{_fmt(sup.get('failed'))} of {_fmt(sup.get('covered'))}"
-    pair = rule.get("failed_of_covered")
-    if isinstance(pair, (list, tuple)) and len(pair) == 2:
-        return f"{_fmt(pair[0])} of {_fmt(pair[1])}"
-    if "infeasible" in rule and "total" in rule:
-        return f"{_fmt(rule['infeasible'])} of {_fmt(rule['total'])}"
-    return _fmt(sup)
+_RULE_COLUMNS = ("when", "fails with", "failed of covered", "other failures", "trials explained", "p-value",
+                 "every failure also had")
 
 
-_RULE_COLUMNS = (("condition", "when"), ("kind", "fails with"), ("support", "failed of covered"),
-                 ("other_failures", "other failures"), ("trials", "trials explained"), ("p_value", "p-value"))
-
-
-def _rules_html(rules: list[Any], doc: Mapping[str, Any]) -> str:
+def _rules_html(rules: list[Mapping[str, Any]], doc: Mapping[str, Any]) -> str:
     out = ""
-    texts = [r for r in rules if not isinstance(r, Mapping)]
-    records = [r for r in rules if isinstance(r, Mapping)]
     if not rules:
         out += "<p>No crash rule: no parameter value or range explains the failures.</p>"
-    if texts:
-        out += "<ul>" + "".join(f"<li><code>{_e(str(r))}</code></li>" for r in texts) + "</ul>"
-    if records:
-        shown = [(k, title) for k, title in _RULE_COLUMNS
-                 if any(k in r or (k == "condition" and "rule" in r) or (k == "support" and _support(r)) for r in records)]
-        rest: list[str] = []
-        for r in records:
-            rest += [k for k in r if k not in rest and k not in {k for k, _ in _RULE_COLUMNS}
-                     and k not in ("rule", "conditions", "failed_of_covered", "infeasible", "total")]
-        out += _table([t for _, t in shown] + rest,
-                      ([_support(r) if k == "support" else (r.get(k) if k != "condition" else r.get("condition") or r.get("rule"))
-                        for k, _ in shown] + [r.get(k) for k in rest] for r in records))
-    unexplained = doc.get("unexplained_failures")
-    if isinstance(unexplained, Mapping) and unexplained.get("count"):
-        kinds = unexplained.get("kinds") or {}
-        out += (f"<p>{_e(unexplained.get('count'))} failures explained by no rule"
-                + (f" ({_e(', '.join(f'{k} x{n}' for k, n in kinds.items()))})" if isinstance(kinds, Mapping) and kinds else "")
-                + f": trials {_e(unexplained.get('trials'))}.</p>")
-    settings = doc.get("rule_settings")
-    if isinstance(settings, Mapping) and settings:
-        out += f"<p class=note>Rule settings: {_e(', '.join(f'{k}={_fmt(v)}' for k, v in settings.items()))}.</p>"
+    else:
+        out += _table(list(_RULE_COLUMNS), ([r["condition"], r["kind"], f"{r['support']['failed']} of {r['support']['covered']}",
+                                             r["other_failures"], r["trials"], r["p_value"], r["also_in_all"]]
+                                            for r in rules))
+    unexplained = doc["unexplained_failures"]
+    if unexplained["count"]:
+        kinds = unexplained["kinds"]
+        out += (f"<p>{_e(unexplained['count'])} failures explained by no rule"
+                + (f" ({_e(', '.join(f'{k} x{n}' for k, n in kinds.items()))})" if kinds else "")
+                + f": trials {_e(unexplained['trials'])}.</p>")
+    settings = doc["rule_settings"]
+    out += f"<p class=note>Rule settings: {_e(', '.join(f'{k}={_fmt(v)}' for k, v in settings.items()))}.</p>"
     return out
 
 
 def _importance_html(imps: list[dict[str, Any]], verdict: str | None) -> str:
     out = f"<p>{_e(verdict)}.</p>" if verdict else ""
     if not imps:
-        return out or "<p>Importances: too few feasible trials.</p>"
-    with_ci = any(r["low"] is not None or r["high"] is not None for r in imps)
-    with_verdict = any(r["verdict"] for r in imps)
-    headers = ["parameter", "share" if with_ci else "importance"] + (["low", "high"] if with_ci else []) \
-        + (["verdict"] if with_verdict else [])
-    return out + _table(headers, ([r["parameter"], r["importance"]] + ([r["low"], r["high"]] if with_ci else [])
-                                  + ([r["verdict"]] if with_verdict else []) for r in imps))
+        return out
+    return out + _table(["parameter", "share", "low", "high", "verdict"],
+                        ([r["parameter"], r["importance"], r["low"], r["high"], r["verdict"]] for r in imps))
 
 
 def _ablation_html(study_name: str, doc: Any) -> str:
@@ -403,7 +297,7 @@ def _ablation_html(study_name: str, doc: Any) -> str:
     out = "".join(f"<p>{s}</p>" for s in summary)
     rows = [r for r in doc.get("parameters") or [] if isinstance(r, Mapping)]
     if rows:
-        level = _number(doc.get("interval"))
+        level = finite_number(doc.get("interval"))
         ci = f"interval ({level:.0%})" if level else "interval"
         out += _table(["parameter", "best", "baseline", "mean reverted", "share of the gain", ci, "measured", "failed"],
                       ([r.get("parameter"), r.get("best"), r.get("baseline"), r.get("mean"), r.get("share"),
@@ -417,28 +311,22 @@ def _ablation_html(study_name: str, doc: Any) -> str:
     return out
 
 
-def _profile_html(study: optuna.Study, best: TrialView | None, metric: str) -> str:
+def _profile_html(study: optuna.Study, storage: str, best: TrialView | None, metric: str) -> str:
+    """The profile ``autotune export`` writes for the best trial, as its ``sh`` format (``yaml``
+    when an env name is not a shell name)."""
     if best is None:
         return "<p>No feasible trial yet: no profile to export.</p>"
-    from autotune.export import profile, render
+    from autotune.export import from_study, render
 
-    try:
-        from autotune.engines.registry import PRESETS
-
-        engine = ((study.user_attrs.get("config") or {}).get("target") or {}).get("engine", "sim")
-        port = PRESETS[engine].default_port if engine in PRESETS else 30000
-    except ImportError:  # pragma: no cover - the registry ships with the package
-        port = 30000
-    prof = profile(study.study_name, metric, study.direction.name.lower(), best, port)
+    prof, _ = from_study(study, storage)
     fmt = "sh"
     try:
-        text = render("sh", prof, best.argv_template or best.argv, secret_env_keys=best.secret_env,
-                      secret_args=best.secret_args)
+        text = render("sh", prof)
     except UsageError:  # an env name that is not a shell name: the data format instead
-        fmt, text = "yaml", render("yaml", prof, best.argv_template or best.argv)
+        fmt, text = "yaml", render("yaml", prof)
     cmd = f"autotune export {study.study_name} --format {fmt} -o profile.{fmt}"
-    return (f"<p>Trial {_e(best.number)}: {_e(metric)} = {_e(best.value)}. Export it with <code>{_e(cmd)}</code>.</p>"
-            f"<pre class=profile>{_e(text)}</pre>")
+    return (f"<p>Trial {_e(prof['trial'])}: {_e(metric)} = {_e(prof['value'])}. "
+            f"Export it with <code>{_e(cmd)}</code>.</p><pre class=profile>{_e(text)}</pre>")
 
 
 def _trials_html(views: list[TrialView], best: TrialView | None) -> str:
@@ -460,8 +348,8 @@ th{background:#f4f4f4}code,pre{font-family:ui-monospace,Menlo,Consolas,monospace
 .note{color:#666;font-size:.9em}.autotune-figure{margin:1em 0;min-height:""" + str(FIGURE_HEIGHT) + "px}"
 
 
-def build_report(study: optuna.Study, *, analysis: Mapping[str, Any] | None = None) -> str:
-    """The report of ``study`` as one HTML document.
+def build_report(study: optuna.Study, storage: str, *, analysis: Mapping[str, Any] | None = None) -> str:
+    """The report of ``study`` (stored in ``storage``) as one HTML document.
 
     ``analysis``: the document of :func:`autotune.analysis.explain` (computed when None).
 
@@ -485,10 +373,11 @@ def build_report(study: optuna.Study, *, analysis: Mapping[str, Any] | None = No
             analysis = explain(study)
         except Exception as exc:  # noqa: BLE001 - the rest of the report is still worth having
             analysis, problem = {}, f"{type(exc).__name__}: {exc}"
-    doc: Mapping[str, Any] = analysis if isinstance(analysis, Mapping) else {}
+    doc: Mapping[str, Any] = analysis
+    failed = "<p>No analysis: it failed (above).</p>"
     sets = importance_sets(doc)
     imps = [r for st in sets for r in st["rows"]]
-    rules = rule_items(doc)
+    rules: list[Mapping[str, Any]] = doc.get("failure_rules", [])
     sub = _feasible_study(study)
 
     figures: dict[str, str] = {}
@@ -528,16 +417,14 @@ def build_report(study: optuna.Study, *, analysis: Mapping[str, Any] | None = No
     parts.append("<h2 id=importance>Parameter importances</h2>")
     titles = {"objective": f"What moves {metric} (over the feasible trials)",
               "feasibility": "What decides whether a trial is feasible (over the finished trials)"}
+    if problem:
+        parts.append(failed)
     for st in sets:
         name = "importance" if st["target"] == "objective" else f"importance-{st['target']}"
-        title = titles.get(st["target"], st["target"])
-        if len(sets) > 1:
-            parts.append(f"<h3>{_e(title)}</h3>")
-        if _with_interval(st["rows"]):
-            parts.append(figure(name, lambda st=st, title=title: _importance_figure(st["rows"], title),
-                                str(st.get("method") or "the share with its interval")))
-        elif st["target"] == "objective" and st["verdict"] is None and st["rows"]:
-            parts.append(figure(name, lambda: _optuna_importances(sub, metric)))
+        title = titles[st["target"]]
+        parts.append(f"<h3>{_e(title)}</h3>")
+        if _measured(st["rows"]):
+            parts.append(figure(name, lambda st=st, title=title: _importance_figure(st["rows"], title), st["method"]))
         parts.append(_importance_html(st["rows"], st["verdict"]))
 
     pair = top_parameters(imps, rules, views)
@@ -554,11 +441,7 @@ def build_report(study: optuna.Study, *, analysis: Mapping[str, Any] | None = No
                         "feasible trials only" if sub is not None else "no feasible trial yet"))
 
     parts.append("<h2 id=rules>Crash rules</h2>")
-    parts.append(_rules_html(rules, doc))
-    others = {k: v for k, v in doc.items() if k not in _KNOWN_EXPLAIN_KEYS}
-    if others:
-        parts.append("<details><summary>more from <code>autotune study explain</code></summary>"
-                     f"<pre>{_e(json.dumps(others, indent=2, default=str, ensure_ascii=False))}</pre></details>")
+    parts.append(failed if problem else _rules_html(rules, doc))
 
     parts.append("<h2 id=ablation>Ablation</h2>")
     ablation = study.user_attrs.get("ablation")
@@ -567,7 +450,7 @@ def build_report(study: optuna.Study, *, analysis: Mapping[str, Any] | None = No
     parts.append(_ablation_html(study.study_name, ablation))
 
     parts.append("<h2 id=profile>Best profile</h2>")
-    parts.append(_profile_html(study, best, metric))
+    parts.append(_profile_html(study, storage, best, metric))
 
     parts.append("<h2 id=trials>Trials</h2>")
     parts.append(_trials_html(views, best))

@@ -107,7 +107,7 @@ def _load_json(text: str, kind: str) -> Any:
             raise ResultParseError(f"{kind}: not JSON ({whole_error.msg} at line {whole_error.lineno})") from None
 
 
-def _number(value: Any) -> float | None:
+def finite_number(value: Any) -> float | None:
     """``value`` as a finite float, or None (bools, strings, null, NaN and infinities are not numbers)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -120,7 +120,7 @@ def _top_level_numbers(doc: Any) -> dict[str, float]:
         return {}
     out: dict[str, float] = {}
     for key, value in doc.items():
-        number = _number(value)
+        number = finite_number(value)
         if number is not None:
             out[str(key)] = number
     return out
@@ -151,7 +151,7 @@ def _pick(doc: Any, path: str) -> tuple[str, float]:
             value = float(value)
         except ValueError:
             pass
-    number = _number(value)
+    number = finite_number(value)
     if number is None:
         raise ResultParseError(f"json_path {path!r}: {value!r} is not a finite number")
     name = path if re.fullmatch(r"-?\d+", parts[-1]) else parts[-1]
@@ -316,12 +316,12 @@ def _parse_collectives(doc: Any) -> dict[str, float]:
         if row.get("correct") is False:
             raise ResultParseError(f"collectives: {op} of {nbytes} B gave a wrong result")
         for name, value in values.items():
-            number = _number(value)
+            number = finite_number(value)
             if number is None:
                 raise ResultParseError(f"collectives: {name} of {op} at {nbytes} B is {value!r}, not a number")
             metrics[f"{name}@{op}@{nbytes}"] = number
     for key in ("nccl_mem_mib", "nccl_mem_mib_after_all", "world_size"):
-        number = _number(doc.get(key))
+        number = finite_number(doc.get(key))
         if number is not None:
             metrics[key] = number
     return metrics

@@ -64,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optuna
 from optuna.trial import TrialState
 
-from autotune.analysis import MIN_SUPPORT, explain
+from autotune.analysis import MIN_SUPPORT, Condition, explain
 from autotune.demo import DEMO_CONFIG
 from autotune.driver import make_sampler
 from autotune.sim.args import parse_server_args
@@ -239,17 +239,6 @@ def _any_value(d: Design, param: str, rng: random.Random) -> Any:
     return p.normalise(dist.low + rng.randint(0, round((dist.high - dist.low) / dist.step)) * dist.step)
 
 
-def _holds(cond: dict[str, Any], params: dict[str, Any]) -> bool:
-    v = params.get(cond["param"])
-    if v is None:
-        return False
-    if cond["op"] == "=":
-        return bool(v == cond["value"])
-    if isinstance(v, str):
-        return False
-    return bool(v >= cond["value"]) if cond["op"] == ">=" else bool(v <= cond["value"])
-
-
 def _draw(d: Design, conds: list[dict[str, Any]], base: dict[str, Any], rng: random.Random, *,
           satisfy: bool) -> dict[str, Any] | None:
     """``base`` with the conditions' parameters redrawn (as the space samples them) so that the
@@ -259,7 +248,7 @@ def _draw(d: Design, conds: list[dict[str, Any]], base: dict[str, Any], rng: ran
         for cond in conds:
             point[cond["param"]] = _any_value(d, cond["param"], rng)
         applied = d.space.repair(point)
-        if all(_holds(c, applied) for c in conds) == satisfy:
+        if all(Condition(**c).holds(applied) for c in conds) == satisfy:
             return applied
     return None
 

@@ -14,7 +14,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState, create_trial
 
-from autotune.analysis import explain
+from autotune.analysis import MIN_SUPPORT, crash_rules, explain
 from autotune.space import SearchSpace
 from tests.test_study import autotune
 
@@ -90,7 +90,7 @@ def test_a_confounded_value_is_not_blamed(tmp_path: Path) -> None:
     (rule,) = doc["failure_rules"]
     assert rule["trials"] == sorted(t.number for t in tree) and rule["kind"] == "nccl-error"
     assert rule["conditions"] == [{"param": "NCCL_ALGO", "op": "=", "value": "Tree"}]
-    assert rule["failed_of_covered"] == [len(tree), len(tree)]
+    assert rule["support"] == {"failed": len(tree), "covered": len(tree)}
     assert doc["unexplained_failures"] == {"count": 0, "trials": [], "kinds": {}}
 
 
@@ -131,9 +131,11 @@ def test_kinds_are_not_merged(tmp_path: Path) -> None:
         assert {kinds[n] for n in rule["trials"]} == {rule["kind"]}
     # The LL128 trials that OOMed first do not refute the LL128 rule, and are shown as covered.
     ll128 = [t for t in study.trials if t.user_attrs["applied"]["NCCL_PROTO"] == "LL128"]
-    assert by_kind["nccl-error"]["failed_of_covered"] == [sum(kinds[t.number] == "nccl-error" for t in ll128), len(ll128)]
+    assert by_kind["nccl-error"]["support"] == {"failed": sum(kinds[t.number] == "nccl-error" for t in ll128),
+                                                "covered": len(ll128)}
     assert by_kind["nccl-error"]["other_failures"] >= 2
     assert doc["unexplained_failures"]["count"] == 0
+    assert crash_rules(study) == _rules(doc)  # the printed rules alone, without the importances
 
 
 def test_a_mixed_region_makes_no_rule(tmp_path: Path) -> None:
@@ -170,7 +172,7 @@ def test_a_pairwise_rule_when_only_the_combination_crashes(tmp_path: Path) -> No
     (rule,) = doc["failure_rules"]
     assert {c["param"] for c in rule["conditions"]} == {"NCCL_MIN_NCHANNELS", "NCCL_BUFFSIZE"}
     assert all(c["op"] == ">=" for c in rule["conditions"]) and rule["kind"] == "nccl-error"
-    assert rule["trials"] == failed and rule["failed_of_covered"] == [len(failed), len(failed)]
+    assert rule["trials"] == failed and rule["support"] == {"failed": len(failed), "covered": len(failed)}
     assert " & " in rule["rule"] and rule["rule"].endswith(f"-> nccl-error ({len(failed)} of {len(failed)})")
 
 
@@ -224,6 +226,8 @@ def test_explain_json_and_text_through_the_cli(tmp_path: Path) -> None:
     proc = autotune("study", "explain", "cli", "--storage", storage, "--json", cwd=tmp_path)
     doc = json.loads(proc.stdout)
     assert doc == json.loads(json.dumps(explain(study)))  # the CLI prints explain()'s document
+    assert "importances" not in doc and all("failed_of_covered" not in r for r in doc["failure_rules"])
+    assert doc["rule_settings"]["min_support"] == MIN_SUPPORT
     tree = sum(1 for t in study.trials if t.user_attrs["failure_kind"] == "nccl-error")
     assert f"NCCL_ALGO=Tree -> nccl-error ({tree} of {tree})" in _rules(doc)
     for part in ("objective", "feasibility"):

@@ -225,6 +225,12 @@ def test_report_of_a_real_study_renders_in_chromium(tmp_path_factory: pytest.Tem
         assert f">{section}</h2>" in page, section
     assert f"autotune study ablate {RECORDED}" in page  # no ablation yet
     assert "#!/usr/bin/env bash" in page and "exec " in page  # the best profile, as `export --format sh`
+    # ... exactly `autotune export`'s (memory back-off and provenance included), but for the times.
+    exported = autotune("export", RECORDED, "--storage", storage, "--format", "sh", cwd=tmp_path).stdout
+    shown = html.unescape(re.search(r"<pre class=profile>(.*?)</pre>", page, re.S).group(1))
+    stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d"
+    assert re.sub(stamp, "T", shown) == re.sub(stamp, "T", exported)
+    assert "# memory: mem_fraction_static" in shown and "# engine: sim" in shown
     assert "infeasible: nccl-error" in page and "infeasible: oom" in page  # the feasibility map's traces
     ids = re.findall(r'<div id="(fig-[a-z-]+)" class="plotly-graph-div', page)
     assert ids == ["fig-history", "fig-feasibility", "fig-parallel"], ids  # 3 trials: too few for importances
@@ -298,9 +304,10 @@ def test_report_has_every_section_escaped_and_renders(tmp_path: Path) -> None:
     from autotune.analysis import explain
     from autotune.report import build_report
 
-    study = rich_study(f"sqlite:///{tmp_path}/rich.db")
+    storage = f"sqlite:///{tmp_path}/rich.db"
+    study = rich_study(storage)
     doc = explain(study)
-    page = build_report(study)
+    page = build_report(study, storage, analysis=doc)
     assert_self_contained(page)
     ids = re.findall(r'<div id="(fig-[a-z-]+)" class="plotly-graph-div', page)
     assert ids == ["fig-history", "fig-importance", "fig-importance-feasibility", "fig-feasibility", "fig-parallel",
@@ -313,8 +320,9 @@ def test_report_has_every_section_escaped_and_renders(tmp_path: Path) -> None:
         assert f"<td>{html.escape(rule['condition'])}</td>" in page, rule
     assert "<th>failed of covered</th>" in page
     # The importances with their intervals: a table row per parameter, and the chart.
-    assert doc["importances"], doc
-    for name, row in doc["importances"].items():
+    params = {k: v for k, v in doc["importance"]["objective"]["params"].items() if "median" in v}
+    assert params, doc
+    for name, row in params.items():
         assert f"<td>{name}</td><td>{row['median']:.4g}</td><td>{row['low']:.4g}</td>" in page, name
     # The ablation's shares and intervals.
     assert "0.6 .. 0.95" in page and "interval (90%)" in page
@@ -327,46 +335,27 @@ def test_report_has_every_section_escaped_and_renders(tmp_path: Path) -> None:
     assert "<script>alert" in got.text  # shown as text, never run
 
 
-def test_importances_are_read_whatever_their_shape() -> None:
-    from autotune.report import (
-        importance_rows,
-        importance_sets,
-        rule_items,
-        top_parameters,
-    )
+def test_importances_and_the_map_parameters_from_the_analysis() -> None:
+    from autotune.report import importance_sets, top_parameters
     from autotune.study_view import TrialView
 
     def row(name: str, imp: float | None, lo: float | None = None, hi: float | None = None,
             verdict: str | None = None) -> dict[str, Any]:
         return {"parameter": name, "importance": imp, "low": lo, "high": hi, "verdict": verdict}
 
-    assert importance_rows({"importances": {"a": 0.2, "b": 0.8}}) == [row("b", 0.8), row("a", 0.2)]
-    shapes = [
-        {"importances": [{"parameter": "a", "importance": 0.5, "interval": [0.4, 0.6]}]},
-        {"importances": {"a": {"mean": 0.5, "ci_low": 0.4, "ci_high": 0.6}}},
-        {"importances": {"a": [0.5, 0.4, 0.6]}},
-        {"importances": {"a": 0.5}, "importance_intervals": {"a": [0.4, 0.6]}},
-    ]
-    for doc in shapes:
-        assert importance_rows(doc) == [row("a", 0.5, 0.4, 0.6)], doc
-    assert importance_rows({"importances": {"a": float("nan")}}) == [] and importance_rows({}) == []
     # `study explain`'s document: objective and feasibility, medians with intervals and verdicts.
     doc = {"importance": {"method": "m", "objective": {"verdict": "not enough trials (4, need 20)", "params": {}},
                           "feasibility": {"verdict": "ok", "params": {
                               "b": {"median": 0.6, "low": 0.4, "high": 0.8, "verdict": "effect"},
-                              "c": {"verdict": "not varied"}}}},
-           "importances": {}}
+                              "c": {"verdict": "not varied"}}}}}
     sets = importance_sets(doc)
     assert [(st["target"], st["verdict"]) for st in sets] == [("objective", "not enough trials (4, need 20)"),
                                                              ("feasibility", None)]
     assert sets[1]["rows"] == [row("b", 0.6, 0.4, 0.8, "effect"), row("c", None, verdict="not varied")]
-    assert rule_items({"failure_rules": ["x = 1: 2/2 infeasible"]}) == ["x = 1: 2/2 infeasible"]
-    assert rule_items({"rules": [{"condition": "x = 1"}]}) == [{"condition": "x = 1"}]
     # The map's parameters: by importance, then those the rules name, then the rest.
     views = [TrialView(0, "COMPLETE", "ok", {"a": 1, "b": 2, "c": 3, "d": 4}, 1.0, {}, None, 1.0)]
     assert top_parameters(sets[1]["rows"], [], views) == ["b", "a"]
     assert top_parameters([], [{"conditions": [{"param": "d", "op": "=", "value": 4}]}], views) == ["d", "a"]
-    assert top_parameters([], ["c >= 3 -> oom (3 of 3)"], views) == ["c", "a"]
 
 
 def test_a_study_without_feasible_trials_still_reports(tmp_path: Path) -> None:
@@ -374,7 +363,7 @@ def test_a_study_without_feasible_trials_still_reports(tmp_path: Path) -> None:
 
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/bad.db", study_name="bad", direction="maximize")
     study.add_trial(_trial(0, {"mem_fraction_static": 0.95, "NCCL_MIN_NCHANNELS": 8, "NCCL_ALGO": "Ring"}, None, "oom"))
-    page = build_report(study)
+    page = build_report(study, f"sqlite:///{tmp_path}/bad.db")
     assert "No feasible trial yet: no profile to export." in page
     assert "not enough trials (0, need" in page  # the analysis' verdict, no chart
     assert 'id="fig-feasibility"' in page and 'id="fig-parallel"' not in page
