@@ -24,6 +24,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Find the best launch configuration of an LLM inference server, by experiment.")
 study_app = typer.Typer(no_args_is_help=True, help="Run and inspect tuning studies.")
 app.add_typer(study_app, name="study")
+from autotune.bench_cli import app as bench_app  # noqa: E402 - beside the sub-app it joins
+
+app.add_typer(bench_app, name="bench", help="Benchmarks of the tuner itself (no GPU needed).")
 
 try:
     from autotune.sim.cli import app as sim_app
