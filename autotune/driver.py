@@ -35,7 +35,6 @@ import json
 import shlex
 import shutil
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
@@ -58,6 +57,7 @@ from autotune.notes import mirror_constraints, write_trial_note
 from autotune.objective import Objective
 from autotune.provenance import host_facts, runner_for
 from autotune.runner import TrialResult, TrialSpec
+from autotune.samplers import CrashAwareTPESampler
 from autotune.secrets import Redactor
 from autotune.slots import Slot, SlotPool
 from autotune.space import SearchSpace
@@ -142,29 +142,19 @@ def derived_seed(seed: int | None, trials_so_far: int) -> int | None:
 SamplerFactory = Callable[[int | None], optuna.samplers.BaseSampler]
 """Makes a study's sampler from its seed (:func:`derived_seed`): a :class:`Driver` option."""
 
-TPE_STARTUP_TRIALS = 8
-"""Random trials before TPE models the study (serial; see :func:`make_sampler` for parallel)."""
-
-
 def make_sampler(kind: str, seed: int | None, *, slots: int = 1) -> optuna.samplers.BaseSampler:
     """The sampler for a config's ``sampler`` key, for a study run on ``slots`` slots at once.
 
-    With several slots, TPE runs with ``constant_liar``: a running trial counts as a bad result
-    while it runs, so N free slots get N different points, not N copies of the most promising
-    one. TPE's start-up counts finished trials only; with N in flight, the trial asked when the
-    serial study would ask its first modelled one has N - 1 fewer finished beside it, so the
-    start-up is shortened by N - 1 (at least 4 random trials): the first modelled ask comes at
-    the same trial number as in a serial study, as the benchmark in docs/BENCHMARKS.md compares.
+    ``tpe`` (the default) is :class:`~autotune.samplers.CrashAwareTPESampler`: multivariate TPE
+    (constant liar and a shorter start-up with several slots: :func:`~autotune.samplers.tpe_sampler`)
+    that redraws proposals falling into a region where every trial crashed, as `autotune bench
+    tuner` compares in docs/BENCHMARKS.md.
     """
     if kind == "gp":
         return optuna.samplers.GPSampler(seed=seed)
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    startup = TPE_STARTUP_TRIALS if slots <= 1 else max(4, TPE_STARTUP_TRIALS - (slots - 1))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, multivariate=True,
-                                          constant_liar=slots > 1)
+    return CrashAwareTPESampler(seed, slots=slots)
 
 
 def startup_timeout(startups: list[float], *, cap_s: float, factor: float, floor_s: float) -> tuple[float, str]:

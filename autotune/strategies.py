@@ -4,9 +4,12 @@
 config cannot say it, a sampler factory handed to the driver (its ``sampler`` option). The
 driver's loop, its baseline (enqueued first), its records and its budget are the same for all.
 
-- ``autotune``: what ``study start`` runs (``make_sampler("tpe", ...)``: multivariate TPE, 8
-  random start-up trials, infeasible trials told PRUNED with a failure constraint, which TPE
-  ranks below every feasible trial).
+- ``autotune``: what ``study start`` runs (``make_sampler("tpe", ...)``:
+  :class:`~autotune.samplers.CrashAwareTPESampler`, multivariate TPE that redraws a proposal
+  inside a region where every trial crashed; infeasible trials told PRUNED with a failure
+  constraint, which TPE ranks below every feasible trial).
+- ``tpe``: that TPE alone, without the crash regions (:func:`~autotune.samplers.tpe_sampler`;
+  the default before them).
 - ``random``: the config's ``sampler: random``.
 - ``grid``: what vLLM's ``benchmarks/auto_tune.sh`` does: a grid over a few server flags (it
   grids ``max_num_seqs`` x ``max_num_batched_tokens`` under a memory fraction); here
@@ -14,7 +17,7 @@ driver's loop, its baseline (enqueued first), its records and its budget are the
   seeded shuffled order (Optuna's ``GridSampler``).
 - ``tpe-naive``: TPE that is told crashes as FAIL, as Ray Tune's ``OptunaSearch`` does (a
   trial that raised is told ``TrialState.FAIL``). Optuna's TPE reads only COMPLETE and PRUNED
-  trials, so a FAIL trial teaches it nothing. It is the same TPE as ``autotune`` (so only the
+  trials, so a FAIL trial teaches it nothing. It is the same TPE as ``tpe`` (so only the
   handling of crashes differs), shown a view of the study without its PRUNED trials, which with
   TPE are exactly the infeasible ones (:class:`CrashBlindTPESampler`). The trials are recorded as
   for ``autotune`` (PRUNED, counted by the budget): telling them FAIL in the storage instead
@@ -31,11 +34,12 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.driver import SamplerFactory, make_sampler
+from autotune.driver import SamplerFactory
+from autotune.samplers import tpe_sampler
 from autotune.errors import UsageError
 from autotune.space import ParamValue, SearchSpace
 
-STRATEGIES = ("autotune", "random", "grid", "tpe-naive")
+STRATEGIES = ("autotune", "tpe", "random", "grid", "tpe-naive")
 """The built-in strategies, in the order reports show them."""
 
 GRID: dict[str, tuple[ParamValue, ...]] = {
@@ -67,6 +71,8 @@ def strategy(name: str, space: SearchSpace) -> Strategy:
         return Strategy(name, "tpe", None)
     if name == "random":
         return Strategy(name, "random", None)
+    if name == "tpe":
+        return Strategy(name, "tpe", tpe_sampler)
     if name == "tpe-naive":
         return Strategy(name, "tpe", CrashBlindTPESampler)
     if name == "grid":
@@ -148,13 +154,14 @@ class _WithoutPruned:
 
 
 class CrashBlindTPESampler(optuna.samplers.BaseSampler):
-    """The driver's TPE (``make_sampler("tpe", seed)``) as if infeasible trials were told FAIL:
+    """Plain multivariate TPE (:func:`~autotune.samplers.tpe_sampler`, as Ray Tune's
+    ``OptunaSearch`` runs Optuna's TPE) as if infeasible trials were told FAIL:
     it samples from a view of the study without PRUNED trials (with TPE the driver tells PRUNED
     exactly the infeasible trials), so it neither avoids crashing regions nor counts crashes
     towards its random start-up, as a FAIL trial would not count."""
 
     def __init__(self, seed: int | None = None) -> None:
-        self._tpe = make_sampler("tpe", seed)
+        self._tpe = tpe_sampler(seed)
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         return self._tpe.infer_relative_search_space(_WithoutPruned(study), trial)  # type: ignore[arg-type]

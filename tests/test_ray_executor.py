@@ -257,12 +257,13 @@ def test_a_refusing_host_quarantines_all_its_slots_at_once() -> None:
 def test_parallel_tpe_lies_about_running_trials_and_starts_modelling_on_time() -> None:
     """With N trials in flight TPE counts the running ones as bad (constant liar) and its random
     start-up is N - 1 shorter, so its first modelled ask comes at the serial trial number."""
-    from autotune.driver import TPE_STARTUP_TRIALS, make_sampler
+    from autotune.driver import make_sampler
+    from autotune.samplers import TPE_STARTUP_TRIALS
 
-    serial, parallel = make_sampler("tpe", 0), make_sampler("tpe", 0, slots=3)
+    serial, parallel = make_sampler("tpe", 0).tpe, make_sampler("tpe", 0, slots=3).tpe
     assert not serial._constant_liar and serial._n_startup_trials == TPE_STARTUP_TRIALS
     assert parallel._constant_liar and parallel._n_startup_trials == TPE_STARTUP_TRIALS - 2
-    assert make_sampler("tpe", 0, slots=20)._n_startup_trials == 4
+    assert make_sampler("tpe", 0, slots=20).tpe._n_startup_trials == 4
 
 
 def test_gpu_slots_reach_the_server_as_cuda_visible_devices(tmp_path: Path) -> None:

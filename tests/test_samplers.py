@@ -1,0 +1,72 @@
+"""The default sampler (autotune.samplers): TPE that does not propose into a region where every
+trial crashed. Real Optuna studies, trials recorded as the driver records them."""
+
+from __future__ import annotations
+
+import optuna
+from optuna.distributions import CategoricalDistribution, FloatDistribution
+from optuna.trial import TrialState, create_trial
+
+from autotune.driver import make_sampler
+from autotune.samplers import CrashAwareTPESampler
+
+DISTS = {"algo": CategoricalDistribution(["Ring", "Tree", "unset"]), "mem": FloatDistribution(0.5, 0.95)}
+
+
+OK_MEMS = (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.87, 0.88, 0.89)
+
+
+def _study(crashes: int) -> optuna.Study:
+    """Measured trials at :data:`OK_MEMS`, whose throughput grows with ``mem`` (the best right
+    below 0.9, so TPE's proposals spill over it), and ``crashes`` trials from 0.9 to 0.95 that
+    all ran out of memory, whatever ``algo``."""
+    study = optuna.create_study(direction="maximize")
+    for i, mem in enumerate(OK_MEMS):
+        params = {"algo": DISTS["algo"].choices[i % 3], "mem": mem}
+        study.add_trial(create_trial(params=params, distributions=DISTS, value=1000 * mem,
+                                     user_attrs={"outcome": "ok", "feasible": True, "applied": params}))
+    for i in range(crashes):
+        params = {"algo": DISTS["algo"].choices[i % 3], "mem": round(0.9 + 0.05 * i / max(1, crashes - 1), 4)}
+        study.add_trial(create_trial(params=params, distributions=DISTS, state=TrialState.PRUNED,
+                                     user_attrs={"outcome": "infeasible", "feasible": False,
+                                                 "failure_kind": "oom", "applied": params}))
+    return study
+
+
+def _proposals(study: optuna.Study, sampler: optuna.samplers.BaseSampler, n: int = 40) -> list[float]:
+    """The ``mem`` of ``n`` proposals (each told FAIL: not counted, every ask sees the same study)."""
+    study.sampler = sampler
+    mems = []
+    for _ in range(n):
+        trial = study.ask()
+        trial.suggest_categorical("algo", DISTS["algo"].choices)
+        mems.append(trial.suggest_float("mem", 0.5, 0.95))
+        study.tell(trial, state=TrialState.FAIL)
+    return mems
+
+
+def test_a_region_where_every_trial_crashed_is_not_proposed_again() -> None:
+    crash_aware = CrashAwareTPESampler(seed=1)
+    mems = _proposals(_study(crashes=3), crash_aware)
+    (rule,) = crash_aware.sure_rules(_study(crashes=3))
+    assert [str(c) for c in rule] == ["mem >= 0.9"]
+    assert not any(rule[0].holds({"mem": m}) for m in mems), mems
+    # TPE alone, same seed, same study, proposes into it (the avoidance is what keeps it out)
+    alone = _proposals(_study(crashes=3), CrashAwareTPESampler(seed=1, avoid_crashes=False))
+    assert sum(m >= 0.9 for m in alone) >= 3, alone
+
+
+def test_a_region_with_too_few_crashes_or_a_success_is_still_searched() -> None:
+    few = CrashAwareTPESampler(seed=1)
+    assert few.sure_rules(_study(crashes=2)) == []
+    mixed = _study(crashes=3)
+    params = {"algo": "Tree", "mem": 0.93}
+    mixed.add_trial(create_trial(params=params, distributions=DISTS, value=930.0,
+                                 user_attrs={"outcome": "ok", "feasible": True, "applied": params}))
+    assert CrashAwareTPESampler(seed=1).sure_rules(mixed) == []
+
+
+def test_study_start_uses_the_crash_aware_sampler() -> None:
+    sampler = make_sampler("tpe", 3)
+    assert isinstance(sampler, CrashAwareTPESampler) and sampler.avoid_crashes
+    assert isinstance(make_sampler("random", 3), optuna.samplers.RandomSampler)
