@@ -49,12 +49,14 @@ from autotune.config import StudyConfig
 from autotune.demo import DEMO_CONFIG
 from autotune.driver import Driver, QuietReporter
 from autotune.errors import UsageError
+from autotune.implied import SKIPPED
 from autotune.model_executor import ModelExecutor
 from autotune.objective import Objective
 from autotune.runner import TrialResult, TrialSpec
 from autotune.sim.scenario import Noise, Scenario, ScenarioError, list_scenarios, load_scenario
 from autotune.space import Parameter, ParamValue, SearchSpace
 from autotune.strategies import STRATEGIES, strategy
+from autotune.study_view import TrialView, best_of, view
 
 CHECKPOINTS = (10, 20, 40)
 """Trial counts after which best / optimum is reported."""
@@ -97,12 +99,17 @@ class Setup:
     def scenario(self) -> Scenario:
         return _scenario(self.scenario_name, self.noise)
 
-    def config(self, *, name: str, storage: str, sampler: str, seed: int | None, trials: int) -> StudyConfig:
-        """The study config of one study."""
+    def config(self, *, name: str, storage: str, sampler: str, seed: int | None, trials: int,
+               confirm: bool = True) -> StudyConfig:
+        """The study config of one study (``confirm``: the budget's end confirms the best, as
+        ``study start`` does by default)."""
+        budget: dict[str, Any] = {"trials": trials}
+        if not confirm:
+            budget["confirm"] = {"candidates": 0}
         return StudyConfig.from_mapping({
             "name": name, "target": {"engine": "sim", "scenario": self.scenario_name, "env": dict(BENCH_ENV)},
             "space": self.space_name, "objective": self.objective_name, "storage": storage, "sampler": sampler,
-            "seed": seed, "budget": {"trials": trials},
+            "seed": seed, "budget": budget,
         }, "bench tuner")
 
     def executor(self, seed: int | None, *, ready_timeout_s: float | None = None) -> ModelExecutor:
@@ -339,6 +346,14 @@ class StudyTrace:
     driver_s: list[float] = field(default_factory=list)
     """The driver's own real time for each trial (its wall time less the model's), from the
     study's start (its storage opened and its lease taken)."""
+    skipped: int = 0
+    """Proposals an earlier failure implied: recorded, never launched, costing nothing."""
+    confirmations: int = 0
+    """Launched trials that measured a best configuration again."""
+    reported_over_true: float | None = None
+    """The final reported best (the mean of its measurements) over its noise-free value."""
+    reported_count: int = 0
+    """How many measurements the final reported best is the mean of."""
 
 
 class _Clock(QuietReporter):
@@ -384,10 +399,12 @@ def run_study(task: StudyTask) -> StudyTrace:
     folder = scratch_dir(task.scratch)
     try:
         cfg = setup.config(name=f"bench-{task.strategy}-{task.seed}", storage=f"sqlite:///{folder}/study.db",
-                           sampler=strat.config_sampler, seed=task.seed, trials=task.trials)
+                           sampler=strat.config_sampler, seed=task.seed, trials=task.trials,
+                           confirm=strat.study_features)
         ex = ModelExecutor.for_target(cfg, setup.objective, seed=task.seed, scenario=setup.scenario)
         clock = _Clock(ex)
-        driver = Driver(cfg, setup.space, setup.objective, ex, reporter=clock, trials=task.trials, sampler=strat.factory)
+        driver = Driver(cfg, setup.space, setup.objective, ex, reporter=clock, trials=task.trials, sampler=strat.factory,
+                        skip_implied=strat.study_features)
         run = driver.run()
         trials = sorted((t for t in run.study.get_trials(deepcopy=False)
                          if t.state in (TrialState.COMPLETE, TrialState.PRUNED)), key=lambda t: t.number)
@@ -397,22 +414,34 @@ def run_study(task: StudyTask) -> StudyTrace:
 
 
 def _trace(task: StudyTask, trials: Sequence[optuna.trial.FrozenTrial], ex: ModelExecutor, clock: _Clock) -> StudyTrace:
+    """What the study did, launched trial by launched trial (skipped ones launched nothing): the
+    best as ``study best`` chooses it (:func:`~autotune.study_view.best_of`: the best mean of a
+    configuration's measurements) after each, re-predicted without noise."""
     ev = _evaluator(task.setup)
     trace = StudyTrace(task.setup.scenario_name, task.strategy, task.seed)
     costs = {c.number: c for c in ex.costs}
-    best_measured: float | None = None
+    seen: list[TrialView] = []
     best_true = 0.0
+    best = None
     for t in trials:
+        if t.user_attrs.get("outcome") == SKIPPED:
+            trace.skipped += 1
+            continue
         cost = costs[t.number]
         trace.seconds.append(cost.seconds)
         trace.infeasible.append(t.state != TrialState.COMPLETE)
         trace.kinds.append(cost.kind)
-        if t.state == TrialState.COMPLETE and t.value is not None and ev.better(t.value, best_measured):
-            best_measured = t.value
-            applied = dict(t.user_attrs["applied"])
-            true = ev.value(applied)
-            best_true = _ratio(true, task.optimum, ev.maximize)
+        trace.confirmations += int("confirms" in t.user_attrs)
+        if t.state == TrialState.COMPLETE and t.value is not None:
+            seen.append(view(t))
+            best = best_of(seen, ev.maximize)
+            assert best is not None
+            best_true = _ratio(ev.value(best.params), task.optimum, ev.maximize)
         trace.ratio.append(best_true)
+    if best is not None and best.value:
+        true = ev.value(best.params)
+        trace.reported_over_true = None if not true else best.value / true
+        trace.reported_count = best.measured.count if best.measured else 1
     previous = clock.start
     for mark in clock.marks:
         trace.driver_s.append(mark - previous)
@@ -600,6 +629,12 @@ def summarize(traces: Sequence[StudyTrace], trials: int, gpus: int) -> dict[str,
     tail = [t.driver_s[-max(1, len(t.driver_s) // 10):] for t in traces if t.driver_s]
     out["driver_ms_per_trial_last_tenth"] = quartiles([1000 * sum(x) / len(x) for x in tail])
     out["trial_s"] = quartiles([s for t in traces for s in t.seconds])
+    errors = [abs(t.reported_over_true - 1) for t in traces if t.reported_over_true is not None]
+    out["reported_best_error"] = {**quartiles(errors), "within_2pct": sum(e <= 0.02 for e in errors),
+                                  "of": len(errors)}
+    out["reported_best_measurements"] = quartiles([float(t.reported_count) for t in traces if t.reported_count])
+    out["skipped"] = quartiles([float(t.skipped) for t in traces])
+    out["confirmation_runs"] = quartiles([float(t.confirmations) for t in traces])
     return out
 
 
@@ -666,6 +701,12 @@ def goals(per: dict[str, Any], opts: BenchOptions) -> dict[str, Any]:
     share = mine.get(f"infeasible_share_after_{AFTER}", {}).get("median")
     out["infeasible_after_10"] = {"met": None if share is None else share <= 0.10,
                                   "detail": "no trial after the 10th" if share is None else f"median {share:.1%}"}
+    err = mine["reported_best_error"]
+    out["reported_best_within_2pct"] = {
+        "met": None if err["median"] is None else err["median"] <= 0.02,
+        "detail": "no feasible best" if err["median"] is None else
+        f"median error {err['median']:.1%}, {err['within_2pct']} of {err['of']} runs within 2% "
+        f"(median {_num(mine['reported_best_measurements']['median'])} measurements)"}
     own = mine["driver_ms_per_trial_last_tenth"]["median"]
     real = mine["trial_s"]["median"]
     if opts.trials < 200 or own is None or real is None:

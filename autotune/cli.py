@@ -332,6 +332,13 @@ def _print_best(study: Any, metric: str) -> None:
         vs = f" ({best.value / base[0].value:.2f}x the baseline's {base[0].value:.4g})"  # type: ignore[operator]
     # Names and values are user data: printed as text, never read as rich markup.
     _out.print(f"best: trial {best.number} {metric}={best.value:.4g}{vs}", markup=False)
+    m = best.measured
+    if m is not None and m.count > 1:
+        lo, hi = m.interval95 or (m.mean, m.mean)
+        _out.print(f"  mean of {m.count} measurements (trials {', '.join(map(str, m.trials))}), "
+                   f"95% interval [{lo:.4g}, {hi:.4g}]", markup=False)
+    elif m is not None:
+        _out.print("  1 measurement, no interval (the study did not measure it again)", markup=False)
     _out.print("  " + " ".join(f"{k}={v}" for k, v in best.params.items()), markup=False)
     _out.print(f"  export it: autotune export {study.study_name} --format sh -o profile.sh", markup=False)
 

@@ -18,7 +18,7 @@ Example::
     space: sglang_nccl            # a built-in name or a path
     objective: throughput         # a built-in name or a path
     baseline: {mem_fraction_static: 0.92, NCCL_MIN_NCHANNELS: 8}
-    budget: {trials: 40, hours: 8}
+    budget: {trials: 40, hours: 8}   # the last trials re-measure the best 3 (confirm: {candidates: 3, measurements: 3})
     storage: sqlite:///autotune.db
 
 Every problem is reported as a :class:`~autotune.errors.ConfigError` whose message is one line
@@ -239,13 +239,26 @@ class RayConfig(BaseModel):
     schedule_timeout_s: float = Field(default=120.0, gt=0)
 
 
+class ConfirmConfig(BaseModel):
+    """The end of the budget measures the ``candidates`` best configurations again until each
+    has ``measurements`` measurements (:mod:`autotune.confirmation`); ``candidates: 0`` turns
+    it off."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    candidates: int = Field(default=3, ge=0, le=100)
+    measurements: int = Field(default=3, ge=2, le=100)
+
+
 class BudgetConfig(BaseModel):
-    """When a study stops: after ``trials`` finished trials or ``hours`` of trial time, in total."""
+    """When a study stops: after ``trials`` finished trials or ``hours`` of trial time, in total;
+    the last of the ``trials`` confirm the best configurations (``confirm``)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     trials: int | None = Field(default=40, gt=0)
     hours: float | None = Field(default=None, gt=0)
+    confirm: ConfirmConfig = Field(default_factory=ConfirmConfig)
 
 
 class BaselineFrom(BaseModel):

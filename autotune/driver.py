@@ -43,9 +43,11 @@ import optuna
 from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.trial import TrialState
 
+from autotune import confirmation
 from autotune.config import StudyConfig
 from autotune.errors import UsageError
 from autotune.executors import Executor, host_for
+from autotune.implied import MAX_SKIPS_IN_A_ROW, SKIPPED, Implication, implied_failure
 from autotune.hosts import (
     MIN_FREE_BYTES,
     Host,
@@ -63,7 +65,7 @@ from autotune.slots import Slot, SlotPool
 from autotune.space import SearchSpace
 from autotune.stopping import StopRequest, handle_signals
 from autotune.storage import artifact_dir, check_storage, open_storage
-from autotune.study_view import best_view
+from autotune.study_view import best_view, measured_configs, view
 
 FAILURE_CONSTRAINT = "failure"
 WAIT_S = 1.0
@@ -85,6 +87,7 @@ class Reporter(Protocol):
     def trial_started(self, number: int, params: dict[str, Any], baseline: bool, slot: str = "") -> None: ...
     def phase(self, number: int, phase: str, detail: str) -> None: ...
     def trial_finished(self, result: TrialResult, value: float | None, best: float | None) -> None: ...
+    def trial_skipped(self, number: int, params: dict[str, Any], reason: str) -> None: ...
     def slot_quarantined(self, slot: str, reason: str) -> None: ...
     def study_finished(self, study: optuna.Study, reason: str) -> None: ...
 
@@ -96,6 +99,7 @@ class QuietReporter:
     def trial_started(self, number: int, params: dict[str, Any], baseline: bool, slot: str = "") -> None: ...
     def phase(self, number: int, phase: str, detail: str) -> None: ...
     def trial_finished(self, result: TrialResult, value: float | None, best: float | None) -> None: ...
+    def trial_skipped(self, number: int, params: dict[str, Any], reason: str) -> None: ...
     def slot_quarantined(self, slot: str, reason: str) -> None: ...
     def study_finished(self, study: optuna.Study, reason: str) -> None: ...
 
@@ -176,8 +180,10 @@ def startup_timeout(startups: list[float], *, cap_s: float, factor: float, floor
 
 
 def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """Trials that count against the budget: measured or infeasible (not FAIL, not RUNNING)."""
-    return [t for t in study.get_trials(deepcopy=False) if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    """Trials that count against the budget: measured or infeasible (not FAIL, not RUNNING, not
+    skipped: a skipped trial launched nothing)."""
+    return [t for t in study.get_trials(deepcopy=False)
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and t.user_attrs.get("outcome") != SKIPPED]
 
 
 
@@ -202,8 +208,12 @@ class Driver:
         stop: StopRequest | None = None,
         hosts: Mapping[str, Host] | None = None,
         sampler: SamplerFactory | None = None,
+        skip_implied: bool = True,
     ) -> None:
         self.config = config
+        self.skip_implied = skip_implied
+        """Whether proposals an earlier failure implies are skipped (:mod:`autotune.implied`);
+        `autotune bench tuner` turns it off for the strategies that stand for other tools."""
         self.sampler_factory = sampler
         """Makes the study's sampler from the derived seed instead of the config's ``sampler``
         (None: :func:`make_sampler`); `autotune bench tuner` compares strategies this way."""
@@ -422,7 +432,7 @@ class Driver:
                     self.executor.request_stop(self.stop.reason or run.reason, self.stop.hurry)
                 while (not run.reason and len(running) < self.executor.capacity() and self.pool.free()
                        and self._room(study, len(running))):
-                    flight = self._submit(study)
+                    flight = self._submit(study, [f.applied for f in running.values()])
                     running[flight.trial.number] = flight
                 if not running:
                     break  # a reason is set, or nothing may start
@@ -465,10 +475,14 @@ class Driver:
             return False
         return not (in_flight and self._budget_spent(study))
 
-    def _submit(self, study: optuna.Study) -> _InFlight:
-        """Ask a trial, choose its slot (a free one; a retry avoids the slot that faulted), and
-        submit it."""
-        trial = study.ask()
+    def _submit(self, study: optuna.Study, pending: list[dict[str, Any]]) -> _InFlight:
+        """Ask a trial (a confirmation run when the budget's end has come, see
+        :mod:`autotune.confirmation`; proposals that an earlier failure implies are recorded as
+        skipped and asked again, see :mod:`autotune.implied`), choose its slot (a free one; a
+        retry avoids the slot that faulted), and submit it. ``pending``: the applied parameters
+        of the trials running now."""
+        self._enqueue_confirmation(study, pending)
+        trial, params, launch = self._ask(study)
         assert self.lease is not None
         trial.set_user_attr("owner", self.lease.me.id)
         slot = self.pool.choose(avoid=trial.user_attrs.get("avoid_slot"))
@@ -477,8 +491,6 @@ class Driver:
         trial.set_user_attr("slot", slot.name)
         if slot.gpus is not None:
             trial.set_user_attr("gpus", list(slot.gpus))
-        params = self.space.suggest(trial)
-        launch = self.space.to_launch(params)
         is_baseline = bool(trial.user_attrs.get("baseline"))
         self.reporter.trial_started(trial.number, launch.applied, is_baseline, slot.name)
         target = self.config.target
@@ -509,6 +521,73 @@ class Driver:
 
         self.executor.submit(spec, slot, on_phase)
         return _InFlight(trial, slot, launch.applied)
+
+    def _ask(self, study: optuna.Study) -> tuple[optuna.Trial, dict[str, Any], Any]:
+        """The next trial to launch, its raw parameters and its launch. A proposal that an
+        earlier failure implies (the space's ``monotone`` parameters) is recorded as skipped and
+        the sampler asked again, up to :data:`~autotune.implied.MAX_SKIPS_IN_A_ROW` times."""
+        monotone = self.space.monotone() if self.skip_implied else {}
+        for _ in range(MAX_SKIPS_IN_A_ROW):
+            trial = study.ask()
+            params = self.space.suggest(trial)
+            launch = self.space.to_launch(params)
+            why = None
+            if monotone and "confirms" not in trial.user_attrs and not trial.user_attrs.get("baseline"):
+                why = implied_failure(launch.applied, self._failures(study), monotone)
+            if why is None:
+                return trial, params, launch
+            self._skip(study, trial, launch.applied, why)
+        trial = study.ask()
+        params = self.space.suggest(trial)
+        return trial, params, self.space.to_launch(params)
+
+    @staticmethod
+    def _failures(study: optuna.Study) -> list[tuple[int, str, dict[str, Any]]]:
+        """(number, failure kind, applied parameters) of the study's launched infeasible trials."""
+        return [(t.number, str(t.user_attrs["failure_kind"]), dict(t.user_attrs.get("applied") or {}))
+                for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED, TrialState.COMPLETE))
+                if t.user_attrs.get("outcome") == "infeasible" and t.user_attrs.get("failure_kind")]
+
+    def _skip(self, study: optuna.Study, trial: optuna.Trial, applied: dict[str, Any], why: Implication) -> None:
+        """Record a proposal an earlier failure implies, without launching it, and tell the
+        sampler it is infeasible."""
+        message = why.message()
+        attrs = {"outcome": SKIPPED, "feasible": False, "failure_kind": why.kind, "failure_message": message,
+                 "failure_excerpt": None, "metrics": {}, "applied": applied, "implied_by": why.trial, "duration_s": 0.0}
+        assert self.lease is not None
+        trial.set_user_attr("owner", self.lease.me.id)
+        for key, val in attrs.items():
+            trial.set_user_attr(key, val)
+        trial.set_constraint(FAILURE_CONSTRAINT, 1.0)
+        for c in self.objective.constraints:
+            trial.set_constraint(f"slo:{c}", 0.0)
+        mirror_constraints(trial)
+        self._tell_unmeasured(study, trial, None)
+        try:
+            write_trial_note(study, trial)
+        except Exception:  # noqa: BLE001 - a note is a courtesy: it never stops a study
+            pass
+        self.reporter.trial_skipped(trial.number, applied, message)
+
+    def _enqueue_confirmation(self, study: optuna.Study, pending: list[dict[str, Any]]) -> None:
+        """Queue a measurement of a best configuration again when the budget's end has come
+        (:func:`autotune.confirmation.next_run`); nothing while another trial waits in the queue."""
+        confirm = self.config.budget.confirm
+        reserve = confirmation.reserve(self.budget_trials)
+        if not reserve or confirm.candidates < 1 or study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            return
+        trials = study.get_trials(deepcopy=False)
+        done = finished_trials(study)
+        views = [view(t) for t in done]
+        again = confirmation.next_run(
+            measured_configs(views), left=int(self.budget_trials or 0) - len(done) - len(pending),
+            spent=sum(1 for t in trials if "confirms" in t.user_attrs and t.state != TrialState.WAITING),
+            reserve_runs=reserve, candidates=confirm.candidates, measurements=confirm.measurements,
+            maximize=self.objective.direction == "maximize", pending=pending)
+        if again is None:
+            return
+        first = next(t for t in done if t.number == again.trials[0])
+        study.enqueue_trial(dict(first.params), user_attrs={"confirms": first.number})
 
     def _finish(self, study: optuna.Study, flight: _InFlight, result: TrialResult, run: StudyRun) -> str:
         """Tell a finished trial, retry a fault elsewhere, keep the slot's health; returns why the
@@ -634,15 +713,20 @@ class Driver:
         if result.outcome == "ok":
             study.tell(trial, float(value))  # type: ignore[arg-type]
             return float(value)  # type: ignore[arg-type]
+        self._tell_unmeasured(study, trial, value)
+        return None
+
+    def _tell_unmeasured(self, study: optuna.Study, trial: optuna.Trial, value: float | None) -> None:
+        """Tell a trial without a usable measurement (its constraints already set) the way the
+        study's sampler learns from it: PRUNED for TPE, COMPLETE with a worst value for GP."""
         if isinstance(study.sampler, optuna.samplers.GPSampler):
             fill = value if value is not None else (0.0 if self.objective.direction == "maximize" else 1e12)
             study.tell(trial, float(fill))
         else:
             study.tell(trial, state=TrialState.PRUNED)
-        return None
 
 
-CARRIED_ATTRS = ("baseline", "ablation")
+CARRIED_ATTRS = ("baseline", "ablation", "confirms")
 """User attrs a trial run again (after a fault or an interruption) keeps: what it was for."""
 
 

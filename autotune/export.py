@@ -54,7 +54,7 @@ from typing import Any
 
 import yaml
 
-from autotune._stats import t95
+from autotune._stats import mean_interval
 from autotune._text import one_line
 from autotune.errors import UsageError
 from autotune.secrets import reference, reference_name
@@ -258,14 +258,9 @@ def measurement(values: Sequence[float], trials: Sequence[int] = (), *, at: str 
                 note: str = "") -> dict[str, Any]:
     """Mean, count and 95% t-interval of repeated measurements of one configuration."""
     n = len(values)
-    mean = sum(values) / n if n else None
-    out: dict[str, Any] = {"mean": mean, "count": n, "interval95": None, "sd": None,
-                           "values": list(values), "trials": list(trials), "last_at": at}
-    if n >= 2 and mean is not None:
-        sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-        half = t95(n - 1) * sd / math.sqrt(n)
-        out["sd"] = sd
-        out["interval95"] = [mean - half, mean + half]
+    mean, sd, interval = mean_interval(values) if n else (None, None, None)
+    out: dict[str, Any] = {"mean": mean, "count": n, "interval95": None if interval is None else list(interval),
+                           "sd": sd, "values": list(values), "trials": list(trials), "last_at": at}
     which = f" (trial{'s' if len(trials) != 1 else ''} {', '.join(map(str, trials))})" if trials else ""
     when = f", last {at}" if at else ""
     if mean is None:

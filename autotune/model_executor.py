@@ -19,7 +19,9 @@ the executor also adds up (:attr:`ModelExecutor.spent_s`):
   timeout the driver chose.
 
 Warm-up requests and teardown are not counted. Measured numbers carry the run-to-run noise of
-``AUTOTUNE_SIM_SEED=seed`` (``seed=None``: none, the model's expectation).
+``AUTOTUNE_SIM_SEED=seed`` (``seed=None``: none, the model's expectation); a launch measured
+again in the same study (a confirmation run) draws fresh noise for each repeat, as a real server
+would, while its first measurement is the one every strategy meets for that launch.
 """
 
 from __future__ import annotations
@@ -110,6 +112,7 @@ class ModelExecutor:
         """Real seconds spent in the model (the rest of a study's time is the driver's)."""
         self._pending: tuple[TrialSpec, Slot] | None = None
         self._stop = ""
+        self._launched: dict[tuple[tuple[str, ...], tuple[tuple[str, str], ...]], int] = {}
 
     @classmethod
     def for_target(cls, cfg: StudyConfig, objective: Objective, *, seed: int | None,
@@ -178,6 +181,16 @@ class ModelExecutor:
         """Simulated seconds of every trial answered so far."""
         return sum(c.seconds for c in self.costs)
 
+    def _noise_seed(self, spec: TrialSpec) -> int | None:
+        """The noise seed of this measurement: the executor's for a launch's first, a fresh one
+        for each repeat of the same launch."""
+        if self.seed is None:
+            return None
+        key = (tuple(spec.args), tuple(sorted(spec.env.items())))
+        repeat = self._launched.get(key, 0)
+        self._launched[key] = repeat + 1
+        return _repeat_seed(self.seed, repeat)
+
     def launch(self, spec: TrialSpec) -> tuple[list[str], dict[str, str]]:
         """The argv and env the trial's server would be launched with."""
         return [*self.argv, *spec.args], {**self.env, **spec.env}
@@ -195,7 +208,7 @@ class ModelExecutor:
             _, args = _parse([*self.server_args, *spec.args])
         except ValueError as exc:
             return _failed(result, "invalid-argument", str(exc), BAD_FLAG_S, timeout)
-        p = predict(self.scenario, args, env, self.workload, seed=self.seed)
+        p = predict(self.scenario, args, env, self.workload, seed=self._noise_seed(spec))
         if p.outcome == "crash-under-load":
             ready = startup_seconds(configure(self.scenario, args, env))["ready"]
             if ready > timeout:
@@ -220,6 +233,11 @@ class ModelExecutor:
         result.metrics = _metrics(p, self.workload, completed)
         result.duration_s = round(p.startup_s + float(p.details["duration_s"]), 3)
         return result
+
+
+def _repeat_seed(seed: int, repeat: int) -> int:
+    """The noise seed of the ``repeat``-th measurement of one launch (0: ``seed`` itself)."""
+    return seed if repeat == 0 else (seed * 1_000_003 + repeat * 7_919 + 1) % 2**32
 
 
 def _parse(server_args: Sequence[str]) -> tuple[argparse.Namespace, ServerArgs]:

@@ -48,6 +48,7 @@ _OUTCOME_WORDS = {
     "ok": "ok: measured",
     "infeasible": "infeasible: the configuration failed",
     "fault": "fault: the infrastructure failed (not the configuration's fault; run again)",
+    "skipped": "skipped: not launched, an earlier failure implies this configuration fails the same way",
 }
 _STATE_WORDS = {
     "PRUNED": "Optuna records an infeasible trial as *Pruned*: it was not stopped early, the configuration failed.",
@@ -149,7 +150,7 @@ def trial_note(v: TrialView, *, metric: str | None = None, constraints: Mapping[
     words = _OUTCOME_WORDS.get(v.outcome, v.outcome)
     value = f"; {_code(metric or 'value')} = **{_fmt(v.value)}**" if v.value is not None else ""
     out.append(f"**Outcome:** {_text(words)}{value}. Optuna state: {_code(v.state)}.")
-    if v.state in _STATE_WORDS and v.outcome in ("infeasible", "fault"):
+    if v.state in _STATE_WORDS and v.outcome in ("infeasible", "fault", "skipped"):
         out.append(_STATE_WORDS[v.state])
     if v.failure:
         out.append("")
@@ -203,7 +204,8 @@ def _constraints(t: FrozenTrial) -> dict[str, float]:
 def note_for(study: optuna.Study, t: FrozenTrial) -> str:
     """The note of the stored trial ``t`` of ``study``."""
     ua = t.user_attrs
-    extra = {"retry of trial": ua.get("retry_of"), "fault retries": ua.get("fault_retries")}
+    extra = {"retry of trial": ua.get("retry_of"), "fault retries": ua.get("fault_retries"),
+             "implied by trial": ua.get("implied_by"), "measures again trial": ua.get("confirms")}
     tag = ua.get("ablation")
     if isinstance(tag, Mapping):
         extra["ablation"] = f"{tag.get('label')} (run {tag.get('run')})"

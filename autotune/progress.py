@@ -88,6 +88,10 @@ class ConsoleReporter:
             line = Text.assemble(f"trial {result.number}: ", (f"{result.outcome} {kind}", style), f"  {msg}  ({took})")
         self.console.print(line)
 
+    def trial_skipped(self, number: int, params: dict[str, Any], reason: str) -> None:
+        self.console.print(Text.assemble(f"trial {number}: ", ("skipped", "yellow"),
+                                         f"  {shorten(reason, MESSAGE_LIMIT)}  (not launched)"))
+
     def slot_quarantined(self, slot: str, reason: str) -> None:
         self.console.print(Text.assemble(("slot quarantined", "red"), f": {slot}: {reason}"))
 

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from autotune import _resources
 from autotune._yaml import load_yaml_mapping, one_line
 from autotune.errors import ConfigError
+from autotune.failures import INFEASIBLE_KINDS
 
 UNSET = "unset"
 MAX_INT = 2**53  # int parameters travel through floats in the samplers
@@ -91,6 +92,11 @@ class Parameter(BaseModel):
     flag_false: str | None = Field(default=None, description="for a bool flag: the flag applied when false (e.g. --no-x)")
     default: str | int | float | bool | None = None
     companions: list[Companion] = Field(default_factory=list)
+    monotone: dict[str, Literal["up", "down"]] = Field(default_factory=dict)
+    """Failure kind -> direction: a trial that failed with that kind at value x implies the same
+    failure at every value beyond x in that direction when the other parameters are the same
+    (``mem_fraction_static: {oom: up, not-enough-memory: down}``); the driver skips such a
+    configuration instead of launching it (:mod:`autotune.implied`)."""
     help: str | None = None
 
     @field_validator("choices", mode="before")
@@ -164,6 +170,13 @@ class Parameter(BaseModel):
         else:
             if self.choices is not None or self.low is not None or self.high is not None:
                 raise ValueError("type bool takes no range or choices")
+        if self.monotone and not (self.type in ("int", "float") or (
+                self.type == "categorical" and all(_is_number(c) for c in self.choices or []))):
+            raise ValueError("'monotone' needs a numeric parameter (int, float, or categorical with numbers only)")
+        unknown = sorted(set(self.monotone) - INFEASIBLE_KINDS)
+        if unknown:
+            raise ValueError(f"'monotone' names an unknown failure kind '{unknown[0]}' "
+                             f"(kinds: {', '.join(sorted(INFEASIBLE_KINDS))})")
         if self.default is not None:
             problem = self.out_of_range(self.default)
             if problem:
@@ -219,6 +232,10 @@ class Parameter(BaseModel):
         if self.type == "float":
             return round(float(value), 10)  # 0.8500000000000001 from a step grid reads 0.85
         return value  # type: ignore[no-any-return]
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 _PARAM_NAME = re.compile(r"[A-Za-z_][\w.-]*")
@@ -386,6 +403,10 @@ class SearchSpace:
                 b = fixed[rule.upper]
                 fixed[rule.lower] = lo_p.normalise(_step(lo_p, b, -1) if rule.strict else b)
         return fixed
+
+    def monotone(self) -> dict[str, dict[str, str]]:
+        """Each parameter's ``monotone`` declaration (failure kind -> direction), where it has one."""
+        return {n: dict(p.monotone) for n, p in self.parameters.items() if p.monotone}
 
     def applied_names(self) -> list[str]:
         """Every env var and flag this space sets (parameters and companions): these are tuning

@@ -59,6 +59,11 @@ class Strategy:
     name: str
     config_sampler: str
     factory: SamplerFactory | None
+    study_features: bool = False
+    """Whether the driver's own study features are on: implied failures skipped
+    (:mod:`autotune.implied`) and the best configurations confirmed at the budget's end
+    (:mod:`autotune.confirmation`). Only ``autotune`` has them: the others stand for a sampler
+    alone, or another tool."""
 
 
 def strategy(name: str, space: SearchSpace) -> Strategy:
@@ -68,7 +73,7 @@ def strategy(name: str, space: SearchSpace) -> Strategy:
         UsageError: an unknown name, or ``grid`` on a space without :data:`GRID`'s parameters.
     """
     if name == "autotune":
-        return Strategy(name, "tpe", None)
+        return Strategy(name, "tpe", None, study_features=True)
     if name == "random":
         return Strategy(name, "random", None)
     if name == "tpe":

@@ -3,12 +3,16 @@ DESIGN.md. Nothing here writes to the storage."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune._stats import mean_interval
 from autotune.errors import StudyNotFoundError
 from autotune.secrets import secret_args_from_attr
 from autotune.storage import has_studies, open_storage
@@ -38,6 +42,8 @@ class TrialView:
     """``argv``/``argv_template`` index -> name of the secret referred to there."""
     slot: str | None = None
     """The slot the trial ran on (see :mod:`autotune.slots`); None for trials of older versions."""
+    measured: Measured | None = None
+    """Set on the view :func:`best_view` returns: every measurement of its configuration."""
 
     @property
     def failure_kind(self) -> str | None:
@@ -57,6 +63,50 @@ class TrialView:
             "startup_s": self.startup_s,
             "slot": self.slot,
         }
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Every feasible measurement of one configuration: the trials whose applied parameters are
+    equal (a study measures a configuration again to confirm it, see :mod:`autotune.confirmation`)."""
+
+    params: dict[str, Any]
+    values: tuple[float, ...]
+    trials: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float:
+        return mean_interval(self.values)[0]
+
+    @property
+    def interval95(self) -> tuple[float, float] | None:
+        """The 95% t-interval of the mean; None with one measurement."""
+        return mean_interval(self.values)[2]
+
+    def to_json(self) -> dict[str, Any]:
+        interval = self.interval95
+        return {"count": self.count, "mean": self.mean, "interval95": None if interval is None else list(interval),
+                "values": list(self.values), "trials": list(self.trials)}
+
+
+def config_key(params: dict[str, Any]) -> str:
+    """A configuration's identity: its applied parameters, in a canonical text form."""
+    return json.dumps(params, sort_keys=True, default=str)
+
+
+def measured_configs(views: Sequence[TrialView]) -> list[Measured]:
+    """The measured configurations of ``views`` (feasible trials grouped by applied parameters),
+    in the order of their first measurement."""
+    groups: dict[str, list[TrialView]] = {}
+    for v in views:
+        if v.value is not None:
+            groups.setdefault(config_key(v.params), []).append(v)
+    return [Measured(dict(rows[0].params), tuple(float(r.value) for r in rows),  # type: ignore[arg-type]
+                     tuple(r.number for r in rows)) for rows in groups.values()]
 
 
 def load_study(name: str, storage: str) -> optuna.Study:
@@ -117,12 +167,24 @@ def trial_views(study: optuna.Study) -> list[TrialView]:
 
 
 def best_view(study: optuna.Study) -> TrialView | None:
-    """The best feasible trial, or None."""
-    rows = [v for v in trial_views(study) if v.value is not None]
-    if not rows:
+    """The best configuration by the mean of its measurements, or None when nothing is feasible.
+
+    Returned as the view of its first measured trial, with ``value`` the mean of every feasible
+    measurement of the configuration (trials with the same applied parameters) and ``measured``
+    those measurements: a configuration measured again is judged on its mean, not its luckiest
+    run. Ties go to the configuration measured first.
+    """
+    return best_of(trial_views(study), study.direction == optuna.study.StudyDirection.MAXIMIZE)
+
+
+def best_of(views: Sequence[TrialView], maximize: bool) -> TrialView | None:
+    """:func:`best_view` over ``views``."""
+    configs = measured_configs(views)
+    if not configs:
         return None
-    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
-    return (max if maximize else min)(rows, key=lambda v: v.value)  # type: ignore[arg-type, return-value]
+    best = (max if maximize else min)(configs, key=lambda m: m.mean)
+    first = next(v for v in views if v.number == best.trials[0])
+    return dataclasses.replace(first, value=best.mean, measured=best)
 
 
 def show_json(study: optuna.Study) -> dict[str, Any]:
@@ -137,5 +199,8 @@ def show_json(study: optuna.Study) -> dict[str, Any]:
 
 def best_json(v: TrialView) -> dict[str, Any]:
     """``study best --json``."""
-    return {"number": v.number, "params": v.params, "value": v.value, "metrics": v.metrics,
-            "env": v.env, "argv": v.argv}
+    out = {"number": v.number, "params": v.params, "value": v.value, "metrics": v.metrics,
+           "env": v.env, "argv": v.argv}
+    if v.measured is not None:
+        out["measurements"] = v.measured.to_json()
+    return out

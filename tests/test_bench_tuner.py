@@ -121,9 +121,10 @@ def _study(tmp_path: Path, name: str, seed: int, trials: int = 12) -> optuna.Stu
     setup = _setup()
     strat = strategy(name, setup.space)
     cfg = setup.config(name=f"{name}-{seed}", storage=f"sqlite:///{tmp_path}/{name}-{seed}.db",
-                       sampler=strat.config_sampler, seed=seed, trials=trials)
+                       sampler=strat.config_sampler, seed=seed, trials=trials, confirm=strat.study_features)
     ex = ModelExecutor.for_target(cfg, setup.objective, seed=seed)
-    run = Driver(cfg, setup.space, setup.objective, ex, trials=trials, sampler=strat.factory).run()
+    run = Driver(cfg, setup.space, setup.objective, ex, trials=trials, sampler=strat.factory,
+                 skip_implied=strat.study_features).run()
     assert len(ex.costs) == trials
     return run.study
 
