@@ -1,5 +1,10 @@
 """Read-only views of a stored study: trial rows for show/best/export, in the JSON shapes of
-DESIGN.md. Nothing here writes to the storage."""
+DESIGN.md. Nothing here writes to the storage.
+
+A multi-objective study (:mod:`autotune.pareto`) is read the same way: a trial's ``value`` is its
+first objective's, ``values`` all of them; its "best" is the Pareto front's trial that the
+study's choice rule picks (:func:`pick`), and the JSON documents add ``objectives`` (and, for
+``study best``, the front and the rule) to the single-objective shapes."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import StudyNotFoundError
+from autotune.pareto import Choice, ChoiceRule, Goal, choose
 from autotune.secrets import secret_args_from_attr
 from autotune.storage import has_studies, open_storage
 
@@ -38,6 +44,8 @@ class TrialView:
     """``argv``/``argv_template`` index -> name of the secret referred to there."""
     slot: str | None = None
     """The slot the trial ran on (see :mod:`autotune.slots`); None for trials of older versions."""
+    values: list[float] | None = None
+    """Every objective's value of a measured trial (``[value]`` in a single-objective study)."""
 
     @property
     def failure_kind(self) -> str | None:
@@ -90,7 +98,8 @@ def view(t: FrozenTrial) -> TrialView:
         failure = {"kind": kind, "message": ua.get("failure_message"), "excerpt": ua.get("failure_excerpt") or ""}
         if ua.get("failure_cause"):
             failure["cause"] = ua["failure_cause"]
-    value = t.value if (t.state == TrialState.COMPLETE and feasible) else None
+    values = list(t.values) if (t.state == TrialState.COMPLETE and feasible and t.values) else None
+    value = values[0] if values else None
     return TrialView(
         number=t.number,
         state=t.state.name,
@@ -109,6 +118,7 @@ def view(t: FrozenTrial) -> TrialView:
         secret_env=[str(k) for k in ua.get("secret_env") or []],
         secret_args=secret_args_from_attr(ua.get("secret_args")),
         slot=ua.get("slot"),
+        values=values,
     )
 
 
@@ -116,26 +126,83 @@ def trial_views(study: optuna.Study) -> list[TrialView]:
     return [view(t) for t in study.get_trials(deepcopy=False)]
 
 
-def best_view(study: optuna.Study) -> TrialView | None:
-    """The best feasible trial, or None."""
-    rows = [v for v in trial_views(study) if v.value is not None]
+def is_multi_objective(study: optuna.Study) -> bool:
+    return len(study.directions) > 1
+
+
+def objectives(study: optuna.Study) -> list[Goal]:
+    """The study's objectives in order, each a metric and a direction (the metric names the
+    driver stored; ``value`` / ``value N`` for a study autotune did not record)."""
+    stored = study.user_attrs.get("objective") or {}
+    directions = [d.name.lower() for d in study.directions]
+    listed = stored.get("objectives")
+    if isinstance(listed, list) and len(listed) == len(directions):
+        names = [str((g or {}).get("metric") or f"value {i}") for i, g in enumerate(listed)]
+    elif len(directions) == 1:
+        names = [str(stored.get("metric") or "value")]
+    else:
+        names = [f"value {i}" for i in range(len(directions))]
+    return [Goal(n, d) for n, d in zip(names, directions)]  # type: ignore[arg-type]
+
+
+def choice_rule(study: optuna.Study) -> ChoiceRule:
+    """The rule the study's objective states for picking from its Pareto front (the default when
+    it stated none)."""
+    return ChoiceRule.from_json((study.user_attrs.get("objective") or {}).get("choose"))
+
+
+def pick(study: optuna.Study, views: list[TrialView] | None = None, rule: ChoiceRule | None = None) -> Choice | None:
+    """The Pareto front of a multi-objective study's measured trials and the one ``rule`` (default:
+    the study's) picks; None when no trial was measured."""
+    rows = [v for v in (trial_views(study) if views is None else views) if v.values is not None]
     if not rows:
         return None
+    return choose([(v.number, v.values) for v in rows if v.values is not None], objectives(study),
+                  rule or choice_rule(study))
+
+
+def best_view(study: optuna.Study) -> TrialView | None:
+    """The best feasible trial, or None; in a multi-objective study the trial :func:`pick` picks."""
+    views = trial_views(study)
+    rows = [v for v in views if v.value is not None]
+    if not rows:
+        return None
+    if is_multi_objective(study):
+        chosen = pick(study, views)
+        return next(v for v in rows if chosen is not None and v.number == chosen.number)
     maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
     return (max if maximize else min)(rows, key=lambda v: v.value)  # type: ignore[arg-type, return-value]
 
 
 def show_json(study: optuna.Study) -> dict[str, Any]:
-    """``study show --json``."""
-    return {
+    """``study show --json`` (a multi-objective study: ``direction``/``metric`` are the first
+    objective's, ``objectives`` lists them all and each trial has ``values``)."""
+    goals = objectives(study)
+    views = trial_views(study)
+    doc: dict[str, Any] = {
         "study": study.study_name,
-        "direction": study.direction.name.lower(),
+        "direction": goals[0].direction,
         "metric": (study.user_attrs.get("objective") or {}).get("metric"),
-        "trials": [v.to_json() for v in trial_views(study)],
+        "trials": [v.to_json() for v in views],
     }
+    if len(goals) > 1:
+        doc["objectives"] = [g.to_json() for g in goals]
+        doc["trials"] = [{**row, "values": v.values} for row, v in zip(doc["trials"], views)]
+    return doc
 
 
 def best_json(v: TrialView) -> dict[str, Any]:
     """``study best --json``."""
     return {"number": v.number, "params": v.params, "value": v.value, "metrics": v.metrics,
             "env": v.env, "argv": v.argv}
+
+
+def front_json(study: optuna.Study, views: list[TrialView], chosen: Choice) -> dict[str, Any]:
+    """What ``study best --json`` adds for a multi-objective study: the chosen trial's ``values``,
+    the ``objectives``, the ``choice`` (rule, its text, the trial, the front's numbers) and the
+    ``pareto_front`` (each trial on it: number, params, values, metrics)."""
+    by_number = {v.number: v for v in views}
+    return {"values": by_number[chosen.number].values, "objectives": [g.to_json() for g in objectives(study)],
+            "choice": chosen.to_json(),
+            "pareto_front": [{"number": n, "params": by_number[n].params, "values": by_number[n].values,
+                              "metrics": by_number[n].metrics} for n in chosen.front]}
