@@ -757,12 +757,12 @@ def from_study(study: Any, storage: str, *, port: int | None = None, python: str
                    "ready_path": target.get("ready_path"), "api": target.get("api"),
                    "ready_timeout_s": target.get("ready_timeout_s")}
     launch_template = target.get("command") or (preset.template if preset is not None else None)
-    prof = profile(name, metric, study.direction.name.lower(), exported, chosen_port, python=chosen_python,
+    goals = objectives(study)
+    prof = profile(name, metric, goals[0].direction, exported, chosen_port, python=chosen_python,
                    launch_template=launch_template, interpreters=interpreters, measured=measured, provenance=prov,
                    memory=memory, verify=verify_data, warnings=warnings, exported_at=exported_at)
     if exported is not best:
         prof["measured_params"] = best.params
-    goals = objectives(study)
     if len(goals) > 1:
         prof["objectives"] = [{**g.to_json(), "value": v} for g, v in zip(goals, best.values or [])]
     if choice is not None:

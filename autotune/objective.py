@@ -463,7 +463,7 @@ def _collectives_names(command: str, where: str) -> tuple[str, frozenset[str]] |
     """The metric names ``python -m autotune.benchmarks.collectives`` records for the ops, sizes
     and dtype its command gives (None: another program, or arguments not read here). An
     all_gather / reduce_scatter size is rounded to a multiple of the world size, which depends on
-    the host: their names are checked against the sizes for the worlds that divide them."""
+    the host: their names are checked against the sizes for worlds of 1 to 16 ranks."""
     from autotune.benchmarks import collectives
 
     words = shlex.split(command)
@@ -479,7 +479,7 @@ def _collectives_names(command: str, where: str) -> tuple[str, frozenset[str]] |
     names = set(COLLECTIVES_TOTALS)
     for op in args.ops:
         for size in args.sizes:
-            for world in (1, 2, 4, 8, 16) if op in ("all_gather", "reduce_scatter") else (1,):
+            for world in range(1, 17) if op in ("all_gather", "reduce_scatter") else (1,):
                 _, nbytes = collectives.op_shape(op, size, elem, world)
                 names |= {f"{stat}@{op}@{nbytes}" for stat in COLLECTIVES_STATS}
     sizes = ",".join(str(s) for s in args.sizes)
