@@ -593,7 +593,7 @@ def export(
     if rule is not None and choose is not None and choose.strip() == "bound":
         rule = ChoiceRule.parse(choose, default=choice_rule(study))
     prof, best = from_study(study, storage, port=port, python=python, memory_margin=memory_margin, rule=rule,
-                            trial=trial)
+                            number=trial)
     text = render(fmt, prof)
     changed = [m["text"] for m in prof["memory"] if m["exported"] != m["measured"]]
     if output is None:

@@ -645,16 +645,16 @@ def _read_log(storage: str, study_name: str, trial: Any) -> str:
 
 
 def chosen_trial(study: Any, views: Sequence[TrialView], *, rule: ChoiceRule | None = None,
-                 trial: int | None = None) -> tuple[TrialView, dict[str, Any] | None]:
+                 number: int | None = None) -> tuple[TrialView, dict[str, Any] | None]:
     """The trial to export and, when it was not simply the best of a single-objective study, how
     it was chosen: ``{"rule", ..., "text", "trial", "front"}`` (:meth:`autotune.pareto.Choice.to_json`;
     ``rule`` is ``trial`` for one given by number).
 
     A multi-objective study: the trial ``rule`` (default: the study's) picks from the Pareto front.
-    ``trial``: that trial, which must have been measured.
+    ``number``: that trial, which must have been measured.
 
     Raises:
-        UsageError: no feasible trial; ``trial`` was not measured; ``rule`` given for a
+        UsageError: no feasible trial; trial ``number`` was not measured; ``rule`` given for a
             single-objective study.
     """
     from autotune.study_view import is_multi_objective, objectives, pick
@@ -671,34 +671,34 @@ def chosen_trial(study: Any, views: Sequence[TrialView], *, rule: ChoiceRule | N
         maximize = study.direction.name == "MAXIMIZE"
         best = (max if maximize else min)(feasible, key=lambda v: v.value)  # type: ignore[arg-type, return-value]
     chosen = pick(study, list(views), rule) if multi else None
-    if trial is None:
+    if number is None:
         if chosen is None:
             return best, None
         return next(v for v in feasible if v.number == chosen.number), chosen.to_json()
-    given = next((v for v in feasible if v.number == trial), None)
+    given = next((v for v in feasible if v.number == number), None)
     if given is None:
         shown = ", ".join(str(v.number) for v in sorted(feasible, key=lambda v: v.number)[:20])
-        raise UsageError(f"--trial {trial}: study '{name}' has no measured trial {trial} (measured: {shown}"
+        raise UsageError(f"--trial {number}: study '{name}' has no measured trial {number} (measured: {shown}"
                          f"{', ...' if len(feasible) > 20 else ''})")
     if chosen is None:
         why = "the best" if given.number == best.number else f"the best is trial {best.number}"
-        return given, {"rule": "trial", "text": f"trial {trial}, given with --trial ({why})", "trial": trial,
+        return given, {"rule": "trial", "text": f"trial {number}, given with --trial ({why})", "trial": number,
                        "front": []}
     goals = objectives(study)
     beaten = [v.number for v in feasible if v.values is not None and given.values is not None
               and dominates(v.values, given.values, goals)]
     where = ("on the Pareto front" if not beaten else
              f"not on the Pareto front: trial {beaten[0]} is at least as good on every objective")
-    return given, {"rule": "trial", "text": f"trial {trial}, given with --trial ({where}; the rule would pick "
-                                            f"trial {chosen.number})", "trial": trial, "front": list(chosen.front)}
+    return given, {"rule": "trial", "text": f"trial {number}, given with --trial ({where}; the rule would pick "
+                                            f"trial {chosen.number})", "trial": number, "front": list(chosen.front)}
 
 
 def from_study(study: Any, storage: str, *, port: int | None = None, python: str | None = None,
                memory_margin: float = DEFAULT_MEMORY_MARGIN, rule: ChoiceRule | None = None,
-               trial: int | None = None) -> tuple[dict[str, Any], TrialView]:
+               number: int | None = None) -> tuple[dict[str, Any], TrialView]:
     """The launch profile of a stored study's best feasible trial, and the trial as exported
     (memory parameters backed off). A multi-objective study exports the Pareto front's trial that
-    ``rule`` (default: the rule its objective states) picks; ``trial`` exports that trial instead
+    ``rule`` (default: the rule its objective states) picks; ``number`` exports that trial instead
     (:func:`chosen_trial`). The profile then says how it was chosen (``choice``, and a header line).
 
     Raises:
@@ -711,7 +711,7 @@ def from_study(study: Any, storage: str, *, port: int | None = None, python: str
     name = study.study_name
     frozen = {t.number: t for t in study.get_trials(deepcopy=False)}
     views = [view(t) for t in frozen.values()]
-    best, choice = chosen_trial(study, views, rule=rule, trial=trial)
+    best, choice = chosen_trial(study, views, rule=rule, number=number)
     config = study.user_attrs.get("config") or {}
     target = config.get("target") or {}
     engine = str(target.get("engine", "sim"))

@@ -168,7 +168,7 @@ def trial_note(v: TrialView, *, metric: str | None = None, constraints: Mapping[
             out.append(_block("\n".join(_wrap(lines))))
     if v.metrics:
         out += ["", "| metric | value |", "|---|---|"]
-        shown = set(objectives) or {metric}
+        shown: set[str | None] = set(objectives) or {metric}
         order = sorted(v.metrics, key=lambda k: (k not in shown, k))
         out += [f"| {'**' + _text(k) + '**' if k in shown else _text(k)} | {_code(v.metrics[k])} |" for k in order]
     if v.params:
