@@ -150,6 +150,11 @@ def test_best_reports_the_front_and_the_rules_pick(study: tuple[Path, str, optun
     assert code == 0 and "Pareto front:" in out and "<- chosen" in out and f"chosen: trial {best['number']}" in out
     code, out, _ = _cli(["study", "show", "multi", "--storage", storage], capsys, monkeypatch)
     assert code == 0 and "mean_ttft_ms" in out and "(front)" in out
+    code, out, _ = _cli(["study", "status", "multi", "--json", "--storage", storage], capsys, monkeypatch)
+    status = json.loads(out)
+    assert status["best"]["number"] == best["number"] and status["best"]["values"] == best["values"]
+    code, out, _ = _cli(["study", "status", "multi", "--storage", storage], capsys, monkeypatch)
+    assert f"chosen from the Pareto front: trial {best['number']} output_throughput=" in out
 
 
 def test_export_states_the_rule_and_can_choose_another(study: tuple[Path, str, optuna.Study], tmp_path: Path,
@@ -165,6 +170,8 @@ def test_export_states_the_rule_and_can_choose_another(study: tuple[Path, str, o
 
     prof = export()
     assert prof["choice"]["rule"] == "knee" and prof["trial"] == choose(points, GOALS, ChoiceRule("knee")).number
+    # what `autotune verify` measures the profile under: the study's objective, read back whole
+    assert Objective.from_mapping(prof["verify"]["objective"]) == Objective.from_mapping(MULTI)
     assert [o["metric"] for o in prof["objectives"]] == [g.metric for g in GOALS]
     first = export("--choose", "first")
     assert first["trial"] == choose(points, GOALS, ChoiceRule("first")).number
@@ -206,6 +213,13 @@ def test_explain_report_and_notes_read_a_multi_objective_study(study: tuple[Path
     note = note_for(st, t)
     for g, v in zip(GOALS, t.values):
         assert f"`{g.metric}` = **{v:.6g}**" in note
+
+
+def test_ablate_says_it_is_single_objective_only(study: tuple[Path, str, optuna.Study], capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    code, _, err = _cli(["study", "ablate", "multi", "--storage", study[1]], capsys, monkeypatch)
+    assert code == 2 and err.count("\n") == 1
+    assert "study 'multi' is multi-objective: an ablation attributes one objective's gain" in err
 
 
 def test_a_study_resumed_with_other_objectives_is_refused(study: tuple[Path, str, optuna.Study]) -> None:
