@@ -38,6 +38,7 @@ from autotune.samplers import TPE_STARTUP_TRIALS, CrashAwareTPESampler
 from autotune.slots import Slot
 from autotune.space import SearchSpace
 from autotune.stopping import StopRequest
+from autotune.study_view import best_view, trial_views
 
 SCENARIO = "rtx6000-pcie-glm5"
 TRIALS = 14
@@ -48,10 +49,11 @@ MULTI = {"name": "tput_ttft",
          "load": {"concurrency": 192, "num_prompts": 192, "input_len": 64, "output_len": 16, "warmup_prompts": 4}}
 
 
-def _config(tmp: Path, objective: Path, name: str = "multi", trials: int = TRIALS) -> StudyConfig:
+def _config(tmp: Path, objective: Path, name: str = "multi", trials: int = TRIALS, sampler: str = "tpe") -> StudyConfig:
     return StudyConfig.from_mapping({
         "name": name, "target": {"engine": "sim", "scenario": SCENARIO}, "space": "sglang_nccl",
         "objective": str(objective), "storage": f"sqlite:///{tmp}/m.db", "seed": 1, "budget": {"trials": trials},
+        "sampler": sampler,
     }, "test")
 
 
@@ -121,6 +123,24 @@ def test_the_driver_tells_every_objective_and_teaches_the_sampler_its_crashes(st
     assert len(trials) > TPE_STARTUP_TRIALS  # the sampler modelled the study after its start-up
 
 
+def test_the_gp_sampler_is_told_every_objective_and_every_constraint(tmp_path: Path) -> None:
+    path = tmp_path / "multi.yaml"
+    path.write_text(yaml.safe_dump(MULTI))
+    st = _run(_config(tmp_path, path, name="gp", trials=8, sampler="gp"), Objective.load_file(str(path)))
+    assert isinstance(st.sampler, optuna.samplers.GPSampler)
+    finished = [t for t in st.get_trials() if t.state != TrialState.WAITING]
+    bad = [t for t in finished if t.user_attrs["outcome"] == "infeasible"]
+    assert bad, "the GLM-5 host's space has crashes: the study should meet some"
+    for t in finished:  # GP learns from COMPLETE trials only: infeasible ones too, constraints set
+        assert t.state == TrialState.COMPLETE and len(t.values) == 2 and set(t.constraints) == {"failure"}
+    for t in bad:
+        assert t.constraints["failure"] > 0
+    measured = {v.number for v in trial_views(st) if v.values is not None}
+    assert measured and not {t.number for t in bad} & measured  # their fill values are not measurements
+    chosen = best_view(st)
+    assert chosen is not None and chosen.number not in {t.number for t in bad}
+
+
 def test_the_console_shows_the_front_and_the_chosen_trial(study: tuple[Path, str, optuna.Study]) -> None:
     text = (study[0] / "console.txt").read_text()
     assert "Pareto front (maximize output_throughput, minimize mean_ttft_ms)" in text
@@ -150,6 +170,8 @@ def test_best_reports_the_front_and_the_rules_pick(study: tuple[Path, str, optun
     assert code == 0 and "Pareto front:" in out and "<- chosen" in out and f"chosen: trial {best['number']}" in out
     code, out, _ = _cli(["study", "show", "multi", "--storage", storage], capsys, monkeypatch)
     assert code == 0 and "mean_ttft_ms" in out and "(front)" in out
+    code, out, _ = _cli(["study", "list", "--json", "--storage", storage], capsys, monkeypatch)
+    assert next(r for r in json.loads(out) if r["study"] == "multi")["best"] == best["value"]
     code, out, _ = _cli(["study", "status", "multi", "--json", "--storage", storage], capsys, monkeypatch)
     status = json.loads(out)
     assert status["best"]["number"] == best["number"] and status["best"]["values"] == best["values"]
