@@ -204,31 +204,39 @@ class _ObjectiveFile(BaseModel):
                 raise ValueError(f"'{name}' lists {twice[0]} twice")
         return weighted
 
-    @model_validator(mode="after")
-    def _one_way_each(self) -> _ObjectiveFile:
-        given = self.model_fields_set
-        if self.objectives is not None:
-            both = sorted(given & {"metric", "direction"})
-            if both:
-                raise ValueError(f"give either objectives or {' and '.join(both)}, not both")
-            metrics = [g.metric for g in self.objectives]
-            twice = sorted({m for m in metrics if metrics.count(m) > 1})
-            if twice:
-                raise ValueError(f"objectives: {twice[0]} is listed twice")
-        elif self.choose is not None:
-            raise ValueError("choose: applies to a multi-objective study (objectives: two or more)")
-        if self.loads is not None:
-            if "load" in given:
-                raise ValueError("give either load or loads, not both")
-            if self.benchmark is not None:
-                raise ValueError("loads: are run by the built-in load generator; a benchmark command runs its own load")
-            names = [entry.name for entry in self.loads]
-            twice = sorted({n for n in names if names.count(n) > 1})
-            if twice:
-                raise ValueError(f"loads: the name {twice[0]} is used twice")
-            if len({entry.api for entry in self.loads}) > 1:
-                raise ValueError("loads: every load runs against the same server: give one api for all of them")
-        return self
+
+def _one_way_each(parsed: _ObjectiveFile, where: str) -> None:
+    """The keys that exclude each other: ``objectives`` or ``metric``/``direction``; ``load`` or
+    ``loads``; ``loads`` or a ``benchmark``; ``choose`` with ``objectives`` only; names once each.
+
+    Raises:
+        ConfigError: one line naming the clash.
+    """
+    given = parsed.model_fields_set
+    problem = ""
+    if parsed.objectives is not None:
+        both = sorted(given & {"metric", "direction"})
+        metrics = [g.metric for g in parsed.objectives]
+        twice = sorted({m for m in metrics if metrics.count(m) > 1})
+        if both:
+            problem = f"give either objectives or {' and '.join(both)}, not both"
+        elif twice:
+            problem = f"objectives: {twice[0]} is listed twice"
+    elif parsed.choose is not None:
+        problem = "choose: applies to a multi-objective study (objectives: two or more)"
+    if not problem and parsed.loads is not None:
+        names = [entry.name for entry in parsed.loads]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if "load" in given:
+            problem = "give either load or loads, not both"
+        elif parsed.benchmark is not None:
+            problem = "loads: are run by the built-in load generator; a benchmark command runs its own load"
+        elif twice:
+            problem = f"loads: the name {twice[0]} is used twice"
+        elif len({entry.api for entry in parsed.loads}) > 1:
+            problem = "loads: every load runs against the same server: give one api for all of them"
+    if problem:
+        raise ConfigError(f"{where}: {problem}")
 
 
 def _finite(text: str) -> float | None:
@@ -384,6 +392,7 @@ class Objective:
         except pydantic.ValidationError as exc:
             raise ConfigError(one_line(exc, f"objective {source}")) from None
         where = f"objective {source}"
+        _one_way_each(parsed, where)
         constraints = []
         for text in parsed.constraints:
             m = _CONSTRAINT.match(text)
