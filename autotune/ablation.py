@@ -59,8 +59,12 @@ def plan(study: optuna.Study, repeats: int) -> tuple[str, list[Run], FrozenTrial
     """The runs of a new ablation of ``study``'s best trial: ``(run id, runs, best, baseline)``.
 
     Raises:
-        UsageError: no measured baseline, no feasible trial, or the best is the baseline.
+        UsageError: no measured baseline, no feasible trial, the best is the baseline, or the
+            study is multi-objective (a gain is one objective's).
     """
+    if len(study.directions) > 1:
+        raise UsageError(f"study '{study.study_name}' is multi-objective: an ablation attributes one objective's "
+                         "gain (single-objective studies only)")
     base, best = _baseline_trial(study), _best_trial(study)
     changed = [k for k in best.params if base.params.get(k) != best.params[k]]
     if not changed:

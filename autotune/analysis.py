@@ -49,7 +49,8 @@ Importance (:func:`importance`)
 
 For each parameter, the share of a target's variance that *only it* accounts for, for the
 objective over the feasible trials and for feasibility (1 ok, 0 otherwise) over all finished
-trials. The model is additive over the parameters' groups (the values of a categorical one;
+trials; in a multi-objective study for each objective too (``importance.objectives``, in order;
+``importance.objective`` is the first's). The model is additive over the parameters' groups (the values of a categorical one;
 quantile bins of a numeric one, 2 to 5 with the number of trials), fitted by backfitting with
 group means shrunk by one pseudo-trial. A parameter's share is the residual sum of squares the
 model saves with it (at twice the resolution, so an effect confined to a few values is seen)
@@ -94,7 +95,7 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
-from autotune.study_view import TrialView, view
+from autotune.study_view import TrialView, objectives, view
 
 MIN_SUPPORT = 3
 """Fewest failures a crash rule rests on."""
@@ -663,6 +664,13 @@ def explain(study: optuna.Study) -> dict[str, Any]:
     report = failure_rules(views)
     kinds = Counter(v.failure_kind for v in views if v.failure_kind)
     imp = importance(views)
+    goals = objectives(study)
+    if len(goals) > 1:  # a multi-objective study: ``objective`` is the first's, ``objectives`` each one's
+        measured = [v for v in _finished(views) if v.outcome == "ok" and v.values is not None]
+        imp["objectives"] = [{"metric": g.metric, "direction": g.direction,
+                              **importance_of([v.params for v in measured],
+                                              [v.values[i] for v in measured if v.values is not None], relative=True)}
+                             for i, g in enumerate(goals)]
     objective = study.user_attrs.get("objective") or {}
     return {
         "study": study.study_name,

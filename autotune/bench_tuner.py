@@ -484,7 +484,8 @@ def check_options(opts: BenchOptions) -> list[Setup]:
 
     Raises:
         UsageError: an unknown scenario or strategy, trials or seeds < 1, jobs < 1, noise outside
-            [0, 0.5), a space or objective that cannot be loaded or that the model cannot run.
+            [0, 0.5), a space or objective that cannot be loaded or that the model cannot run, a
+            multi-objective objective.
     """
     if opts.trials < 1:
         raise UsageError(f"--trials must be at least 1, got {opts.trials}")
@@ -510,6 +511,9 @@ def check_options(opts: BenchOptions) -> list[Setup]:
         if name not in list_scenarios() and not Path(name).is_file():
             raise UsageError(f"unknown scenario '{name}' (built-in: {', '.join(list_scenarios())})")
         setup = Setup(name, opts.space, opts.objective, opts.noise)
+        if setup.objective.multi:
+            raise UsageError(f"objective {setup.objective.name} has {len(setup.objective.goals)} objectives: the tuner "
+                             "benchmark compares strategies on one objective (give an objective with one metric)")
         setup.executor(0)  # loads the scenario and objective; the objective is one the model can run
         for s in opts.strategies:
             strategy(s, setup.space)

@@ -271,7 +271,8 @@ def _run_study(cfg: StudyConfig, trials: int | None, *, show_best: bool = True) 
         runners = {s.name: make_runner(cfg, objective, hosts[s.host], s, stop=stop, log_dir=log_dir, public=public,
                                        child_umask=_USER_UMASK) for s in slots}
         executor = SerialExecutor(runners, slots)
-    reporter = ConsoleReporter(_err, metric=objective.metric)
+    reporter = ConsoleReporter(_err, metric=objective.metric,
+                               objectives=[g.metric for g in objective.goals] if objective.multi else ())
     driver = Driver(cfg, space, objective, executor, reporter=reporter, trials=trials, stop=stop, hosts=hosts)
     try:
         run = driver.run()
@@ -318,8 +319,11 @@ def _baseline_from(cfg: StudyConfig, space: Any) -> dict[str, Any]:
 
 
 def _print_best(study: Any, metric: str) -> None:
-    from autotune.study_view import best_view, trial_views
+    from autotune.study_view import best_view, is_multi_objective, trial_views
 
+    if is_multi_objective(study):
+        _print_front(study)
+        return
     best = best_view(study)
     if best is None:
         _err.print("no feasible trial yet")
@@ -341,6 +345,31 @@ def _print_best(study: Any, metric: str) -> None:
         _out.print("  1 measurement, no interval (the study did not measure it again)", markup=False)
     _out.print("  " + " ".join(f"{k}={v}" for k, v in best.params.items()), markup=False)
     _out.print(f"  export it: autotune export {study.study_name} --format sh -o profile.sh", markup=False)
+
+
+def _print_front(study: Any) -> None:
+    """A multi-objective study's Pareto front, each trial's values, and the one the rule picks."""
+    from autotune.study_view import objectives, pick, trial_views
+
+    views = trial_views(study)
+    chosen = pick(study, views)
+    if chosen is None:
+        _err.print("no feasible trial yet")
+        return
+    goals = objectives(study)
+    by_number = {v.number: v for v in views}
+    _out.print(f"Pareto front: {len(chosen.front)} trial(s), objectives "
+               + ", ".join(f"{g.direction} {g.metric}" for g in goals), markup=False)
+    for n in chosen.front:
+        v = by_number[n]
+        values = " ".join(f"{g.metric}={x:.4g}" for g, x in zip(goals, v.values or []))
+        mark = "  <- chosen" if n == chosen.number else ""
+        _out.print(f"  trial {n}{' (baseline)' if v.baseline else ''}: {values}{mark}", markup=False)
+    best = by_number[chosen.number]
+    _out.print(f"chosen: trial {best.number} by the rule {chosen.text}", markup=False, soft_wrap=True)
+    _out.print("  " + " ".join(f"{k}={v}" for k, v in best.params.items()), markup=False)
+    _out.print(f"  export it: autotune export {study.study_name} --format sh -o profile.sh "
+               "(--choose knee|first|bound[:TOLERANCE] or --trial N for another)", markup=False)
 
 
 # -- study list / show / best / explain -----------------------------------------------------
@@ -382,7 +411,7 @@ def study_show(name: str = NameArg, storage: str = StorageOpt, as_json: bool = t
                excerpts: bool = typer.Option(True, "--excerpts/--no-excerpts", help="Print failure log excerpts.")) -> None:
     """Every trial of a study: outcome, value, failure kind and log excerpt."""
     from autotune.progress import summary_table
-    from autotune.study_view import load_study, show_json, trial_views
+    from autotune.study_view import is_multi_objective, load_study, objectives, pick, show_json, trial_views
 
     study = load_study(name, storage)
     if as_json:
@@ -390,7 +419,12 @@ def study_show(name: str = NameArg, storage: str = StorageOpt, as_json: bool = t
         return
     metric = (study.user_attrs.get("objective") or {}).get("metric", "value")
     views = trial_views(study)
-    _out.print(summary_table(views, metric, study.direction.name == "MAXIMIZE"))
+    if is_multi_objective(study):
+        chosen = pick(study, views)
+        _out.print(summary_table(views, metric, goals=objectives(study), front=chosen.front if chosen else (),
+                                 chosen=chosen.number if chosen else None))
+    else:
+        _out.print(summary_table(views, metric, study.direction.name == "MAXIMIZE"))
     if excerpts:
         for v in views:
             if v.failure:
@@ -402,15 +436,22 @@ def study_show(name: str = NameArg, storage: str = StorageOpt, as_json: bool = t
 
 @study_app.command("best")
 def study_best(name: str = NameArg, storage: str = StorageOpt, as_json: bool = typer.Option(False, "--json")) -> None:
-    """The best feasible trial of a study."""
-    from autotune.study_view import best_json, best_view, load_study
+    """The best feasible trial of a study; of a multi-objective study, its Pareto front and the
+    trial the objective's rule picks from it (the one `autotune export` exports)."""
+    from autotune.study_view import best_json, best_view, front_json, is_multi_objective, load_study, pick, trial_views
 
     study = load_study(name, storage)
     best = best_view(study)
     if best is None:
         raise UsageError(f"study '{name}' has no feasible trial yet")
     if as_json:
-        _print_json(best_json(best))
+        doc = best_json(best)
+        if is_multi_objective(study):
+            views = trial_views(study)
+            chosen = pick(study, views)
+            assert chosen is not None
+            doc.update(front_json(study, views, chosen))
+        _print_json(doc)
         return
     _print_best(study, (study.user_attrs.get("objective") or {}).get("metric", "value"))
 
@@ -441,7 +482,8 @@ def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool 
         _out.print(Text(f"  {left['count']} {noun} explained by no rule ({kinds}): trials "
                         f"{', '.join(map(str, left['trials']))}"))
     imp = doc["importance"]
-    for label, part in (("the objective", imp["objective"]), ("feasibility", imp["feasibility"])):
+    targets = [(o["metric"], o) for o in imp["objectives"]] if imp.get("objectives") else [("the objective", imp["objective"])]
+    for label, part in (*targets, ("feasibility", imp["feasibility"])):
         if part["verdict"] != "ok":
             _out.print(Text.assemble(("what matters for " + label, "bold"), f": {part['verdict']}"))
             continue
@@ -526,10 +568,17 @@ def export(
                                         help="How far below the nearest memory failure the study saw a memory "
                                              "parameter is exported: absolute for fractions, else relative; one "
                                              "grid step at least."),
+    choose: Optional[str] = typer.Option(None, "--choose", metavar="RULE",
+                                         help="A multi-objective study: the rule that picks from its Pareto front: "
+                                              "bound (the objective's, else within 10% of the front's best on every "
+                                              "objective after the first), bound:TOLERANCE, knee or first."),
+    trial: Optional[int] = typer.Option(None, "--trial", min=0, help="Export this measured trial instead."),
 ) -> None:
-    """Export the best configuration of a study as a launch profile."""
+    """Export the best configuration of a study as a launch profile (of a multi-objective study: the
+    trial of its Pareto front that the objective's rule, or --choose, picks)."""
     from autotune.export import FILE_MODE, FORMATS, SH_MODE, check_output, from_study, render, write_profile
-    from autotune.study_view import load_study
+    from autotune.pareto import ChoiceRule
+    from autotune.study_view import choice_rule, load_study
 
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
@@ -539,16 +588,28 @@ def export(
         raise UsageError("--python: expected the interpreter's name or path on the serving host")
     if output is not None:
         check_output(output)  # before anything is read or rendered
+    if choose is not None and trial is not None:
+        raise UsageError("give --choose or --trial, not both")
+    rule = None
+    if choose is not None:
+        try:
+            rule = ChoiceRule.parse(choose)
+        except ValueError as exc:
+            raise UsageError(f"--choose: {exc}") from None
     study = load_study(name, storage)
-    prof, best = from_study(study, storage, port=port, python=python, memory_margin=memory_margin)
+    if rule is not None and choose is not None and choose.strip() == "bound":
+        rule = ChoiceRule.parse(choose, default=choice_rule(study))
+    prof, best = from_study(study, storage, port=port, python=python, memory_margin=memory_margin, rule=rule,
+                            number=trial)
     text = render(fmt, prof)
     changed = [m["text"] for m in prof["memory"] if m["exported"] != m["measured"]]
     if output is None:
         sys.stdout.write(text)
     else:
         write_profile(output, text, SH_MODE if fmt == "sh" else FILE_MODE)
-        _err.print(f"wrote {output} (trial {best.number}, {prof['metric']}={prof['value']:.4g})",
-                   markup=False, highlight=False)
+        chosen = f"; chosen: {prof['choice']['text']}" if prof.get("choice") else ""
+        _err.print(f"wrote {output} (trial {best.number}, {prof['metric']}={prof['value']:.4g}{chosen})",
+                   markup=False, highlight=False, soft_wrap=True)
     for line in changed:
         _err.print(f"memory back-off: {line}", markup=False, highlight=False, soft_wrap=True)
 

@@ -3,7 +3,8 @@
 Only the driver talks to the Optuna storage. Each trial is asked, its parameters turned into a
 launch by the search space, run by the executor (which returns a plain ``TrialResult``), and told:
 
-- ok: COMPLETE with the objective value; constraints <= 0.
+- ok: COMPLETE with the objective value (a multi-objective study: every objective's value, in
+  order); constraints <= 0.
 - infeasible (the configuration's fault): constraint ``failure`` > 0 (or an SLO constraint > 0).
   With TPE it is told PRUNED (TPE ranks it below every feasible trial); with the GP sampler
   COMPLETE with every constraint key present, as each sampler needs to learn from it.
@@ -152,7 +153,10 @@ def make_sampler(kind: str, seed: int | None, *, slots: int = 1) -> optuna.sampl
     ``tpe`` (the default) is :class:`~autotune.samplers.CrashAwareTPESampler`: multivariate TPE
     (constant liar and a shorter start-up with several slots: :func:`~autotune.samplers.tpe_sampler`)
     that redraws proposals falling into a region where every trial crashed, as `autotune bench
-    tuner` compares in docs/BENCHMARKS.md.
+    tuner` compares in docs/BENCHMARKS.md. Each of them runs multi-objective studies too: Optuna
+    5's TPE splits such a history by non-domination rank and ranks every trial with a positive
+    constraint (PRUNED included) below the feasible ones, the crash regions depend on outcomes
+    only, and the GP sampler has a constrained multi-objective acquisition.
     """
     if kind == "gp":
         return optuna.samplers.GPSampler(seed=seed)
@@ -249,21 +253,22 @@ class Driver:
         storage = open_storage(self.config.storage)
         self.lease = StudyLease(storage, self.config.name)
         self.lease.acquire()
-        study = optuna.create_study(
-            storage=storage,
-            study_name=self.config.name,
-            direction=self.objective.direction,
-            load_if_exists=True,
-        )
+        directions: dict[str, Any] = ({"directions": self.objective.directions} if self.objective.multi
+                                      else {"direction": self.objective.direction})
+        study = optuna.create_study(storage=storage, study_name=self.config.name, load_if_exists=True, **directions)
         self._check_same_study(study)
         seed = derived_seed(self.config.seed, len(study.trials))
         study.sampler = (self.sampler_factory(seed) if self.sampler_factory is not None
                          else make_sampler(self.config.sampler, seed, slots=self.executor.capacity()))
         if "config" not in study.user_attrs:
             study.set_user_attr("config", self._stored_config())
-            study.set_user_attr("objective", {"name": self.objective.name, "metric": self.objective.metric,
-                                              "direction": self.objective.direction,
-                                              "constraints": [str(c) for c in self.objective.constraints]})
+            stored: dict[str, Any] = {"name": self.objective.name, "metric": self.objective.metric,
+                                      "direction": self.objective.direction,
+                                      "constraints": [str(c) for c in self.objective.constraints]}
+            if self.objective.multi:  # the first objective above; all of them, and the rule choosing from the front
+                stored.update(objectives=[g.to_json() for g in self.objective.goals],
+                              choose=self.objective.choice.to_json())
+            study.set_user_attr("objective", stored)
             study.set_user_attr("space", self.space.name)
             study.set_user_attr("space_distributions", self._space_signature())
             study.set_user_attr("created", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
@@ -362,11 +367,19 @@ class Driver:
 
     def _check_same_study(self, study: optuna.Study) -> None:
         name = self.config.name
-        if study.direction.name.lower() != self.objective.direction:
+        stored_directions = [d.name.lower() for d in study.directions]
+        if stored_directions != self.objective.directions:
             raise StudyMismatchError(
-                f"study '{name}' exists with direction {study.direction.name.lower()}, the objective says "
-                f"{self.objective.direction}: use another --name"
+                f"study '{name}' exists with direction {', '.join(stored_directions)}, the objective says "
+                f"{', '.join(self.objective.directions)}: use another --name"
             )
+        listed = (study.user_attrs.get("objective") or {}).get("objectives")
+        if self.objective.multi and isinstance(listed, list):
+            stored_metrics = [str((g or {}).get("metric")) for g in listed]
+            metrics = [g.metric for g in self.objective.goals]
+            if stored_metrics != metrics:
+                raise StudyMismatchError(f"study '{name}' exists with objectives {', '.join(stored_metrics)}, the "
+                                         f"objective says {', '.join(metrics)}: use another --name")
         stored = study.user_attrs.get("space_distributions")
         if stored is None:
             # Studies recorded before the signature was kept: compare the trials' distributions.
@@ -562,7 +575,7 @@ class Driver:
         for c in self.objective.constraints:
             trial.set_constraint(f"slo:{c}", 0.0)
         mirror_constraints(trial)
-        self._tell_unmeasured(study, trial, None)
+        self._tell_unmeasured(study, trial, {})
         try:
             write_trial_note(study, trial)
         except Exception:  # noqa: BLE001 - a note is a courtesy: it never stops a study
@@ -571,10 +584,12 @@ class Driver:
 
     def _enqueue_confirmation(self, study: optuna.Study, pending: list[dict[str, Any]]) -> None:
         """Queue a measurement of a best configuration again when the budget's end has come
-        (:func:`autotune.confirmation.next_run`); nothing while another trial waits in the queue."""
+        (:func:`autotune.confirmation.next_run`); nothing while another trial waits in the queue,
+        nor in a multi-objective study (its front is reported as measured)."""
         confirm = self.config.budget.confirm
         reserve = confirmation.reserve(self.budget_trials)
-        if not reserve or confirm.candidates < 1 or study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        if (not reserve or confirm.candidates < 1 or self.objective.multi
+                or study.get_trials(deepcopy=False, states=(TrialState.WAITING,))):
             return
         trials = study.get_trials(deepcopy=False)
         done = finished_trials(study)
@@ -695,33 +710,36 @@ class Driver:
         if result.outcome == "fault":
             study.tell(trial, state=TrialState.FAIL)
             return None
-        value = result.metrics.get(self.objective.metric)
-        failed = result.outcome == "infeasible" and (result.failure is None or result.failure.kind != "slo-violated")
+        values = self.objective.values(result.metrics)
+        missing = result.outcome == "ok" and values is None
+        failed = missing or (result.outcome == "infeasible"
+                             and (result.failure is None or result.failure.kind != "slo-violated"))
         trial.set_constraint(FAILURE_CONSTRAINT, 1.0 if failed else -1.0)
         for c in self.objective.constraints:
             v = result.violations.get(str(c), 0.0)
             scale = abs(c.bound) or 1.0
             trial.set_constraint(f"slo:{c}", max(-1e6, min(1e6, v / scale)) if v != float("inf") else 1e6)
-        if result.outcome == "ok" and value is None:
+        if missing:
             # Measured, but the metric is missing: the objective is misconfigured for this engine.
             trial.set_user_attr("outcome", "infeasible")
             trial.set_user_attr("feasible", False)
             trial.set_user_attr("failure_kind", "metric-missing")
-            trial.set_user_attr("failure_message", f"metric '{self.objective.metric}' not in the results")
+            trial.set_user_attr("failure_message", self.objective.missing(result.metrics))
             result.outcome = "infeasible"
         mirror_constraints(trial)  # optuna-dashboard does not show set_constraint values
-        if result.outcome == "ok":
-            study.tell(trial, float(value))  # type: ignore[arg-type]
-            return float(value)  # type: ignore[arg-type]
-        self._tell_unmeasured(study, trial, value)
+        if result.outcome == "ok" and values is not None:
+            study.tell(trial, values if self.objective.multi else values[0])
+            return values[0]
+        self._tell_unmeasured(study, trial, result.metrics)
         return None
 
-    def _tell_unmeasured(self, study: optuna.Study, trial: optuna.Trial, value: float | None) -> None:
+    def _tell_unmeasured(self, study: optuna.Study, trial: optuna.Trial, metrics: Mapping[str, float]) -> None:
         """Tell a trial without a usable measurement (its constraints already set) the way the
-        study's sampler learns from it: PRUNED for TPE, COMPLETE with a worst value for GP."""
+        study's sampler learns from it: PRUNED for TPE, COMPLETE with a worst value (or what it
+        measured) for GP."""
         if isinstance(study.sampler, optuna.samplers.GPSampler):
-            fill = value if value is not None else (0.0 if self.objective.direction == "maximize" else 1e12)
-            study.tell(trial, float(fill))
+            fill = [metrics.get(g.metric, 0.0 if g.direction == "maximize" else 1e12) for g in self.objective.goals]
+            study.tell(trial, [float(v) for v in fill] if self.objective.multi else float(fill[0]))
         else:
             study.tell(trial, state=TrialState.PRUNED)
 

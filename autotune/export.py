@@ -57,6 +57,7 @@ import yaml
 from autotune._stats import mean_interval
 from autotune._text import one_line
 from autotune.errors import UsageError
+from autotune.pareto import ChoiceRule, dominates
 from autotune.secrets import reference, reference_name
 from autotune.study_view import TrialView
 
@@ -225,10 +226,14 @@ def _num(x: Any) -> str:
 def _header(prof: Mapping[str, Any], fmt: str) -> list[str]:
     measured = prof.get("measured") or {}
     prov = prof.get("provenance") or {}
-    lines = [
-        f"autotune launch profile: study {prof['study']}, trial {prof['trial']}",
-        f"{prof['metric']} = {prof['value']} ({prof['direction']}), exported {prof['exported_at']}",
-    ]
+    lines = [f"autotune launch profile: study {prof['study']}, trial {prof['trial']}"]
+    if prof.get("objectives"):
+        lines.append(", ".join(f"{g['metric']} = {g['value']} ({g['direction']})" for g in prof["objectives"])
+                     + f", exported {prof['exported_at']}")
+    else:
+        lines.append(f"{prof['metric']} = {prof['value']} ({prof['direction']}), exported {prof['exported_at']}")
+    if prof.get("choice"):
+        lines.append(f"chosen: {prof['choice']['text']}")
     if measured.get("text"):
         lines.append(f"measured: {measured['text']}")
     if prov:
@@ -592,9 +597,7 @@ def _objective_data(config: Mapping[str, Any]) -> tuple[dict[str, Any], list[str
     except UsageError as exc:
         return ({"name": str(name), "overrides": overrides},
                 [f"the study's objective could not be read here ({exc}); verify reads it again by name"])
-    return {"name": o.name, "metric": o.metric, "direction": o.direction, "load": o.load.model_dump(mode="json"),
-            "benchmark": o.benchmark.model_dump(mode="json") if o.benchmark else None,
-            "constraints": [str(c) for c in o.constraints]}, []
+    return o.to_json(), []
 
 
 def _study_space(study: Any, config: Mapping[str, Any]) -> tuple[Any, list[str]]:
@@ -636,26 +639,74 @@ def _read_log(storage: str, study_name: str, trial: Any) -> str:
     return ""
 
 
-def from_study(study: Any, storage: str, *, port: int | None = None, python: str | None = None,
-               memory_margin: float = DEFAULT_MEMORY_MARGIN) -> tuple[dict[str, Any], TrialView]:
-    """The launch profile of a stored study's best feasible trial, and the trial as exported
-    (memory parameters backed off).
+def chosen_trial(study: Any, views: Sequence[TrialView], *, rule: ChoiceRule | None = None,
+                 number: int | None = None) -> tuple[TrialView, dict[str, Any] | None]:
+    """The trial to export and, when it was not simply the best of a single-objective study, how
+    it was chosen: ``{"rule", ..., "text", "trial", "front"}`` (:meth:`autotune.pareto.Choice.to_json`;
+    ``rule`` is ``trial`` for one given by number).
+
+    A multi-objective study: the trial ``rule`` (default: the study's) picks from the Pareto front.
+    ``number``: that trial, which must have been measured.
 
     Raises:
-        UsageError: the study has no feasible trial.
+        UsageError: no feasible trial; trial ``number`` was not measured; ``rule`` given for a
+            single-objective study.
+    """
+    from autotune.study_view import is_multi_objective, objectives, pick
+
+    name = study.study_name
+    feasible = [v for v in views if v.value is not None]
+    if not feasible:
+        raise UsageError(f"study '{name}' has no feasible trial to export")
+    multi = is_multi_objective(study)
+    if rule is not None and not multi:
+        raise UsageError(f"--choose picks from a multi-objective study's Pareto front; study '{name}' has one "
+                         "objective (--trial N exports another trial)")
+    if not multi:
+        maximize = study.direction.name == "MAXIMIZE"
+        best = (max if maximize else min)(feasible, key=lambda v: v.value)  # type: ignore[arg-type, return-value]
+    chosen = pick(study, list(views), rule) if multi else None
+    if number is None:
+        if chosen is None:
+            return best, None
+        return next(v for v in feasible if v.number == chosen.number), chosen.to_json()
+    given = next((v for v in feasible if v.number == number), None)
+    if given is None:
+        shown = ", ".join(str(v.number) for v in sorted(feasible, key=lambda v: v.number)[:20])
+        raise UsageError(f"--trial {number}: study '{name}' has no measured trial {number} (measured: {shown}"
+                         f"{', ...' if len(feasible) > 20 else ''})")
+    if chosen is None:
+        why = "the best" if given.number == best.number else f"the best is trial {best.number}"
+        return given, {"rule": "trial", "text": f"trial {number}, given with --trial ({why})", "trial": number,
+                       "front": []}
+    goals = objectives(study)
+    beaten = [v.number for v in feasible if v.values is not None and given.values is not None
+              and dominates(v.values, given.values, goals)]
+    where = ("on the Pareto front" if not beaten else
+             f"not on the Pareto front: trial {beaten[0]} is at least as good on every objective")
+    return given, {"rule": "trial", "text": f"trial {number}, given with --trial ({where}; the rule would pick "
+                                            f"trial {chosen.number})", "trial": number, "front": list(chosen.front)}
+
+
+def from_study(study: Any, storage: str, *, port: int | None = None, python: str | None = None,
+               memory_margin: float = DEFAULT_MEMORY_MARGIN, rule: ChoiceRule | None = None,
+               number: int | None = None) -> tuple[dict[str, Any], TrialView]:
+    """The launch profile of a stored study's best feasible trial, and the trial as exported
+    (memory parameters backed off). A multi-objective study exports the Pareto front's trial that
+    ``rule`` (default: the rule its objective states) picks; ``number`` exports that trial instead
+    (:func:`chosen_trial`). The profile then says how it was chosen (``choice``, and a header line).
+
+    Raises:
+        UsageError: the study has no feasible trial; as :func:`chosen_trial`.
     """
     from autotune.engines.registry import PRESETS
     from autotune.provenance import engine_version, provenance, select_host_facts
-    from autotune.study_view import view
+    from autotune.study_view import objectives, view
 
     name = study.study_name
     frozen = {t.number: t for t in study.get_trials(deepcopy=False)}
     views = [view(t) for t in frozen.values()]
-    feasible = [v for v in views if v.value is not None]
-    if not feasible:
-        raise UsageError(f"study '{name}' has no feasible trial to export")
-    maximize = study.direction.name == "MAXIMIZE"
-    best = (max if maximize else min)(feasible, key=lambda v: v.value)  # type: ignore[arg-type, return-value]
+    best, choice = chosen_trial(study, views, rule=rule, number=number)
     config = study.user_attrs.get("config") or {}
     target = config.get("target") or {}
     engine = str(target.get("engine", "sim"))
@@ -701,11 +752,16 @@ def from_study(study: Any, storage: str, *, port: int | None = None, python: str
                    "ready_path": target.get("ready_path"), "api": target.get("api"),
                    "ready_timeout_s": target.get("ready_timeout_s")}
     launch_template = target.get("command") or (preset.template if preset is not None else None)
-    prof = profile(name, metric, study.direction.name.lower(), exported, chosen_port, python=chosen_python,
+    goals = objectives(study)
+    prof = profile(name, metric, goals[0].direction, exported, chosen_port, python=chosen_python,
                    launch_template=launch_template, interpreters=interpreters, measured=measured, provenance=prov,
                    memory=memory, verify=verify_data, warnings=warnings, exported_at=exported_at)
     if exported is not best:
         prof["measured_params"] = best.params
+    if len(goals) > 1:
+        prof["objectives"] = [{**g.to_json(), "value": v} for g, v in zip(goals, best.values or [])]
+    if choice is not None:
+        prof["choice"] = choice
     return prof, exported
 
 
@@ -801,8 +857,9 @@ def _objective(data: Mapping[str, Any]) -> Any:
     o = data["verify"]["objective"]
     if "metric" not in o:  # recorded by name only
         return Objective.load_file(str(o.get("name")), o.get("overrides") or {})
-    return Objective.from_mapping({k: o[k] for k in ("name", "metric", "direction", "load", "benchmark", "constraints")
-                                   if o.get(k) is not None}, "the profile's objective")
+    keys = ("name", "metric", "direction", "objectives", "choose", "load", "loads", "weighted", "benchmark",
+            "constraints")
+    return Objective.from_mapping({k: o[k] for k in keys if o.get(k) is not None}, "the profile's objective")
 
 
 def _escape(word: str, fields: Iterable[str]) -> str:

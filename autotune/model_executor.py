@@ -80,9 +80,15 @@ def model_workload(objective: Objective) -> Workload:
         raise UsageError(f"objective {objective.name}: the model drives a closed loop only (no request_rate)")
     if objective.constraints:
         raise UsageError(f"objective {objective.name}: the model executor evaluates no SLO constraints")
-    if objective.metric not in MODEL_METRICS:
-        raise UsageError(f"objective {objective.name}: the model does not predict '{objective.metric}' "
-                         f"(it predicts: {', '.join(sorted(MODEL_METRICS))})")
+    if objective.loads:
+        raise UsageError(f"objective {objective.name}: the model drives one load (not several loads)")
+    weighted = {w.name: w for w in objective.weighted}
+    for goal in objective.goals:
+        needs = [m for m, _ in weighted[goal.metric].terms] if goal.metric in weighted else [goal.metric]
+        for metric in needs:
+            if metric not in MODEL_METRICS:
+                raise UsageError(f"objective {objective.name}: the model does not predict '{metric}' "
+                                 f"(it predicts: {', '.join(sorted(MODEL_METRICS))})")
     return Workload(concurrency=load.concurrency, num_prompts=load.num_prompts, input_len=load.input_len,
                     output_len=load.output_len)
 
@@ -93,13 +99,16 @@ class ModelExecutor:
     ``argv``: the target's launch command without the trial's flags (recorded on each result);
     ``server_args``: its part the simulated server parses (``--scenario S ...``); ``env``: the
     target's fixed env; ``seed``: the noise seed (``AUTOTUNE_SIM_SEED``), None for none;
-    ``ready_timeout_s``: used when a spec carries no timeout of its own.
+    ``ready_timeout_s``: used when a spec carries no timeout of its own; ``objective``: adds the
+    metrics it defines (:meth:`~autotune.objective.Objective.derive`) to each measured result.
     """
 
     def __init__(self, scenario: Scenario, workload: Workload, *, argv: Sequence[str], server_args: Sequence[str],
-                 env: Mapping[str, str], seed: int | None, ready_timeout_s: float = 600.0, host: str = "local") -> None:
+                 env: Mapping[str, str], seed: int | None, ready_timeout_s: float = 600.0, host: str = "local",
+                 objective: Objective | None = None) -> None:
         self.scenario = scenario
         self.workload = workload
+        self.objective = objective
         self.argv = list(argv)
         self.server_args = list(server_args)
         self.env = dict(env)
@@ -138,7 +147,7 @@ class ModelExecutor:
             except ScenarioError as exc:
                 raise UsageError(str(exc)) from None
         return cls(scenario, model_workload(objective), argv=argv, server_args=server_args, env=target.env,
-                   seed=seed, ready_timeout_s=target.ready_timeout_s)
+                   seed=seed, ready_timeout_s=target.ready_timeout_s, objective=objective)
 
     # -- the Executor protocol -----------------------------------------------------------------
     def slots(self) -> list[Slot]:
@@ -231,6 +240,8 @@ class ModelExecutor:
                                      f"{p.message or 'no request completed'}", p.message)
             return result
         result.metrics = _metrics(p, self.workload, completed)
+        if self.objective is not None:
+            result.metrics = self.objective.derive(result.metrics)
         result.duration_s = round(p.startup_s + float(p.details["duration_s"]), 3)
         return result
 

@@ -22,7 +22,7 @@ import hashlib
 import math
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune._text import one_line
 from autotune.failures import COMMON_PATTERNS, NOTABLE
-from autotune.study_view import TrialView, view
+from autotune.study_view import TrialView, objectives, view
 
 NOTE_HASH_PREFIX = "autotune:note:"
 """Study system attr ``autotune:note:<trial_id>``: sha256 of the note autotune last wrote."""
@@ -133,12 +133,14 @@ def _command(argv: list[str], width: int = WRAP) -> str:
 
 # -- the note --------------------------------------------------------------------------------
 def trial_note(v: TrialView, *, metric: str | None = None, constraints: Mapping[str, float] | None = None,
-               log_artifact: str | None = None, host: str | None = None, extra: Mapping[str, Any] | None = None) -> str:
+               log_artifact: str | None = None, host: str | None = None, extra: Mapping[str, Any] | None = None,
+               objectives: Sequence[str] = ()) -> str:
     """One trial as Markdown, as ``autotune study show`` tells it.
 
     ``metric``: the objective's metric (shown first); ``constraints``: the trial's constraint
     values; ``log_artifact``: the id of its server log artifact; ``host``: where it ran;
-    ``extra``: other facts to list (``baseline``, ``retry_of``, ``ablation``...).
+    ``extra``: other facts to list (``baseline``, ``retry_of``, ``ablation``...); ``objectives``:
+    a multi-objective study's metrics, each value shown in the outcome line.
     """
     out: list[str] = []
     head = f"Trial {v.number}: {v.outcome}"
@@ -149,6 +151,8 @@ def trial_note(v: TrialView, *, metric: str | None = None, constraints: Mapping[
     out.append("### " + _text(head))
     words = _OUTCOME_WORDS.get(v.outcome, v.outcome)
     value = f"; {_code(metric or 'value')} = **{_fmt(v.value)}**" if v.value is not None else ""
+    if len(objectives) > 1 and v.values is not None:
+        value = "; " + ", ".join(f"{_code(m)} = **{_fmt(x)}**" for m, x in zip(objectives, v.values))
     out.append(f"**Outcome:** {_text(words)}{value}. Optuna state: {_code(v.state)}.")
     if v.state in _STATE_WORDS and v.outcome in ("infeasible", "fault", "skipped"):
         out.append(_STATE_WORDS[v.state])
@@ -165,8 +169,9 @@ def trial_note(v: TrialView, *, metric: str | None = None, constraints: Mapping[
             out.append(_block("\n".join(_wrap(lines))))
     if v.metrics:
         out += ["", "| metric | value |", "|---|---|"]
-        order = sorted(v.metrics, key=lambda k: (k != metric, k))
-        out += [f"| {'**' + _text(k) + '**' if k == metric else _text(k)} | {_code(v.metrics[k])} |" for k in order]
+        shown: set[str | None] = set(objectives) or {metric}
+        order = sorted(v.metrics, key=lambda k: (k not in shown, k))
+        out += [f"| {'**' + _text(k) + '**' if k in shown else _text(k)} | {_code(v.metrics[k])} |" for k in order]
     if v.params:
         out += ["", "| parameter (as applied) | value |", "|---|---|"]
         out += [f"| {_text(k)} | {_code(p)} |" for k, p in v.params.items()]
@@ -209,8 +214,10 @@ def note_for(study: optuna.Study, t: FrozenTrial) -> str:
     tag = ua.get("ablation")
     if isinstance(tag, Mapping):
         extra["ablation"] = f"{tag.get('label')} (run {tag.get('run')})"
+    goals = objectives(study)
     return trial_note(view(t), metric=(study.user_attrs.get("objective") or {}).get("metric"),
-                      constraints=_constraints(t), log_artifact=ua.get("log_artifact"), host=ua.get("host"), extra=extra)
+                      constraints=_constraints(t), log_artifact=ua.get("log_artifact"), host=ua.get("host"), extra=extra,
+                      objectives=[g.metric for g in goals] if len(goals) > 1 else ())
 
 
 # -- writing ---------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,8 +20,9 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.analysis import crash_rules
+from autotune.pareto import Goal
 from autotune.runner import TrialResult
-from autotune.study_view import TrialView, trial_views
+from autotune.study_view import TrialView, is_multi_objective, objectives, pick, trial_views
 
 
 MESSAGE_LIMIT = 240
@@ -32,9 +34,11 @@ TOP_TRIALS = 5
 class ConsoleReporter:
     """Shows trial number, phase, elapsed time and best so far; a summary table at the end."""
 
-    def __init__(self, console: Console | None = None, metric: str = "value") -> None:
+    def __init__(self, console: Console | None = None, metric: str = "value", objectives: Sequence[str] = ()) -> None:
         self.console = console or Console(stderr=True)
         self.metric = metric
+        self.objectives = list(objectives)
+        """A multi-objective study's metrics: each finished trial shows them all."""
         self.live: Live | None = None
         self.running: dict[int, _Running] = {}
         """The trials in flight (several with a parallel executor), by number."""
@@ -79,7 +83,10 @@ class ConsoleReporter:
         if result.outcome != "fault":
             self.done += 1
         took = f"{result.duration_s:.1f}s"
-        if result.outcome == "ok":
+        if result.outcome == "ok" and len(self.objectives) > 1:
+            shown = " ".join(f"{m}={result.metrics[m]:.4g}" for m in self.objectives if m in result.metrics)
+            line = Text.assemble(f"trial {result.number}: ", ("ok", "green"), f" {shown}  ({took})")
+        elif result.outcome == "ok":
             line = Text.assemble(f"trial {result.number}: ", ("ok", "green"), f" {self.metric}={value:.4g}  ({took})")
         else:
             kind = result.failure.kind if result.failure else "?"
@@ -99,9 +106,17 @@ class ConsoleReporter:
         if self.live is not None:
             self.live.stop()
             self.live = None
-        maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
         views = trial_views(study)
-        self.console.print(top_table(views, self.metric, maximize))
+        if is_multi_objective(study):
+            chosen = pick(study, views)
+            self.console.print(summary_table([v for v in views if chosen is not None and v.number in chosen.front],
+                                             self.metric, goals=objectives(study), front=chosen.front if chosen else (),
+                                             chosen=chosen.number if chosen else None, title="Pareto front"))
+            if chosen is not None:
+                self.console.print(Text(f"chosen: trial {chosen.number} by the rule {chosen.text}"))
+        else:
+            maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+            self.console.print(top_table(views, self.metric, maximize))
         for line in outcome_lines(views, crash_rules(study)):  # the rules alone: no importance fit
             self.console.print(line)
         self.console.print(Text(f"every trial: autotune study show {study.study_name}", style="dim"))
@@ -191,21 +206,34 @@ def outcome_lines(views: list[TrialView], rules: list[str]) -> list[Text]:
     return lines
 
 
-def summary_table(views: list[TrialView], metric: str, maximize: bool = True) -> Table:
+def summary_table(views: list[TrialView], metric: str, maximize: bool = True, *, goals: Sequence[Goal] = (),
+                  front: Sequence[int] = (), chosen: int | None = None, title: str = "trials") -> Table:
     """A table of every trial: number, outcome, value, failure kind, the parameters that differ
-    from the baseline's (all of them for the baseline), duration. The best trial is in green."""
-    table = Table(title=Text(f"trials ({metric})"), show_lines=False)
-    for col in ("#", "outcome", "value", "failure", "parameters (vs baseline)", "time"):
+    from the baseline's (all of them for the baseline), duration. The best trial is in green.
+
+    A multi-objective study (``goals``: two or more): one value column per objective, the trials
+    on the Pareto front (``front``) marked, the ``chosen`` one in green."""
+    multi = len(goals) > 1
+    heading = ", ".join(f"{g.direction} {g.metric}" for g in goals) if multi else metric
+    table = Table(title=Text(f"{title} ({heading})"), show_lines=False)
+    value_columns = [g.metric for g in goals] if multi else ["value"]
+    for col in ("#", "outcome", *value_columns, "failure", "parameters (vs baseline)", "time"):
         table.add_column(col, overflow="fold")
     values = [v.value for v in views if v.value is not None]
-    best = (max if maximize else min)(values) if values else None
+    best = (max if maximize else min)(values) if values and not multi else None
     base = next((v.params for v in views if v.baseline), {})
+    on_front = set(front)
     for v in views:
-        value = "" if v.value is None else f"{v.value:.4g}"
-        style = "bold green" if v.value is not None and v.value == best else None
+        if multi:
+            cells_values = [f"{x:.4g}" for x in v.values] if v.values else [""] * len(goals)
+            style = "bold green" if v.number == chosen else None
+        else:
+            cells_values = ["" if v.value is None else f"{v.value:.4g}"]
+            style = "bold green" if v.value is not None and v.value == best else None
         shown = v.params if v.baseline else {k: p for k, p in v.params.items() if base.get(k) != p}
         params = " ".join(f"{k}={p}" for k, p in shown.items())
-        cells = (str(v.number) + (" (baseline)" if v.baseline else ""), v.outcome, value, v.failure_kind or "",
+        number = str(v.number) + (" (baseline)" if v.baseline else "") + (" (front)" if v.number in on_front else "")
+        cells = (number, v.outcome, *cells_values, v.failure_kind or "",
                  params, f"{v.duration_s:.1f}s" if isinstance(v.duration_s, (int, float)) and v.duration_s else "")
         table.add_row(*(Text(str(c)) for c in cells), style=style)  # Text: a value is never markup
     return table

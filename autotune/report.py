@@ -33,7 +33,7 @@ from optuna.trial import TrialState
 
 from autotune.errors import UsageError
 from autotune.results import finite_number
-from autotune.study_view import TrialView, best_view, trial_views
+from autotune.study_view import TrialView, best_view, is_multi_objective, objectives, pick, trial_views
 
 FIGURE_CLASS = "autotune-figure"
 """Class of the element wrapping each chart (its plotly div is ``id="fig-<name>"``)."""
@@ -73,15 +73,20 @@ def importance_sets(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The analysis' two importances: ``[{"target", "rows", "verdict", "method"}]``.
 
     ``target``: ``objective`` (over the feasible trials), then ``feasibility`` (over the finished
-    ones). ``verdict``: the analysis' word on the whole target when it is not ``ok`` (e.g. ``not
+    ones); a multi-objective study has ``objective-0``, ``objective-1``, ... (each with its
+    ``metric``) in place of ``objective``. ``verdict``: the analysis' word on the whole target when it is not ``ok`` (e.g. ``not
     enough trials (4, need 20)``), else None. No analysis (``doc`` empty): none.
     """
     imp = doc.get("importance")
     if imp is None:
         return []
-    return [{"target": target, "rows": importance_rows(imp[target]),
-             "verdict": None if imp[target]["verdict"] == "ok" else str(imp[target]["verdict"]),
-             "method": imp["method"]} for target in ("objective", "feasibility")]
+    parts = [("objective", imp["objective"]), ("feasibility", imp["feasibility"])]
+    if imp.get("objectives"):  # a multi-objective study: one set per objective instead of the first's alone
+        parts = [(f"objective-{i}", o) for i, o in enumerate(imp["objectives"])] + parts[1:]
+    return [{"target": target, "rows": importance_rows(part),
+             "verdict": None if part["verdict"] == "ok" else str(part["verdict"]),
+             "method": imp["method"], **({"metric": part["metric"]} if "metric" in part else {})}
+            for target, part in parts]
 
 
 def _measured(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -130,7 +135,7 @@ def _feasible_study(study: optuna.Study) -> optuna.Study | None:
     feasible = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.user_attrs.get("feasible")]
     if not feasible:
         return None
-    sub = optuna.create_study(direction=study.direction)
+    sub = optuna.create_study(directions=study.directions)
     sub.add_trials(feasible)
     return sub
 
@@ -138,7 +143,17 @@ def _feasible_study(study: optuna.Study) -> optuna.Study | None:
 def _history(study: optuna.Study, metric: str) -> Any:
     from optuna.visualization import plot_optimization_history
 
+    if is_multi_objective(study):  # the first objective's history (the Pareto front has its own chart)
+        return _quiet(lambda: plot_optimization_history(study, target=lambda t: t.values[0], target_name=metric))
     return _quiet(lambda: plot_optimization_history(study, target_name=metric))
+
+
+def _pareto(sub: optuna.Study | None, goals: list[Any]) -> Any:
+    from optuna.visualization import plot_pareto_front
+
+    if sub is None:
+        return None
+    return _quiet(lambda: plot_pareto_front(sub, target_names=[g.metric for g in goals]))
 
 
 def _importance_figure(rows: list[dict[str, Any]], title: str) -> Any:
@@ -213,6 +228,8 @@ def _parallel(sub: optuna.Study | None, metric: str) -> Any:
 
     if sub is None:
         return None
+    if len(sub.directions) > 1:  # coloured by the first objective
+        return _quiet(lambda: plot_parallel_coordinate(sub, target=lambda t: t.values[0], target_name=metric))
     return _quiet(lambda: plot_parallel_coordinate(sub, target_name=metric))
 
 
@@ -363,8 +380,10 @@ def build_report(study: optuna.Study, storage: str, *, analysis: Mapping[str, An
         raise UsageError(f"study '{study.study_name}' has no trials yet: nothing to report")
     objective = study.user_attrs.get("objective") or {}
     metric = str(objective.get("metric") or "value")
-    direction = study.direction.name.lower()
+    goals = objectives(study)
+    direction = goals[0].direction
     best = best_view(study)
+    chosen = pick(study, views) if len(goals) > 1 else None
     problem = ""
     if analysis is None:
         from autotune.analysis import explain
@@ -401,8 +420,17 @@ def build_report(study: optuna.Study, storage: str, *, analysis: Mapping[str, An
     kinds = Counter(v.failure_kind for v in views if v.failure_kind)
     parts: list[str] = []
     parts.append(f"<h1>autotune report: {_e(study.study_name)}</h1>")
-    summary = (f"{len(views)} trials; objective: {direction} {metric}"
-               + (f"; best: trial {best.number}, {metric} = {_fmt(best.value)}" if best else "; no feasible trial yet"))
+    if chosen is not None and best is not None:
+        summary = (f"{len(views)} trials; objectives: " + ", ".join(f"{g.direction} {g.metric}" for g in goals)
+                   + f"; Pareto front: trials {', '.join(map(str, chosen.front))}; chosen: trial {best.number} ("
+                   + ", ".join(f"{g.metric} = {_fmt(x)}" for g, x in zip(goals, best.values or [])) + f") by the rule "
+                   + chosen.text)
+    elif len(goals) > 1:
+        summary = (f"{len(views)} trials; objectives: " + ", ".join(f"{g.direction} {g.metric}" for g in goals)
+                   + "; no feasible trial yet")
+    else:
+        summary = (f"{len(views)} trials; objective: {direction} {metric}"
+                   + (f"; best: trial {best.number}, {metric} = {_fmt(best.value)}" if best else "; no feasible trial yet"))
     parts.append(f"<p>{_e(summary)}</p>")
     parts.append(_table(["outcome", "trials"], sorted(outcomes.items())))
     if kinds:
@@ -410,9 +438,15 @@ def build_report(study: optuna.Study, storage: str, *, analysis: Mapping[str, An
     if problem:
         parts.append(f"<p class=note>The analysis (<code>autotune study explain</code>) failed: {_e(problem)}</p>")
 
+    if len(goals) > 1:
+        parts.append("<h2 id=pareto>Pareto front</h2>")
+        parts.append(figure("pareto", lambda: _pareto(sub, goals),
+                            "every measured trial; the front's trials are not beaten on every objective at once"
+                            if sub is not None else "no feasible trial yet"))
     parts.append("<h2 id=history>Optimization history</h2>")
     parts.append(figure("history", lambda: _history(study, metric),
-                        "every measured trial's objective and the best so far; infeasible trials are not measured"))
+                        "every measured trial's objective and the best so far; infeasible trials are not measured"
+                        + (f" (the first objective, {metric})" if len(goals) > 1 else "")))
 
     parts.append("<h2 id=importance>Parameter importances</h2>")
     titles = {"objective": f"What moves {metric} (over the feasible trials)",
@@ -421,7 +455,7 @@ def build_report(study: optuna.Study, storage: str, *, analysis: Mapping[str, An
         parts.append(failed)
     for st in sets:
         name = "importance" if st["target"] == "objective" else f"importance-{st['target']}"
-        title = titles[st["target"]]
+        title = titles.get(st["target"]) or f"What moves {st.get('metric', metric)} (over the feasible trials)"
         parts.append(f"<h3>{_e(title)}</h3>")
         if _measured(st["rows"]):
             parts.append(figure(name, lambda st=st, title=title: _importance_figure(st["rows"], title), st["method"]))

@@ -49,6 +49,11 @@ from typing import Any, Literal, get_args
 
 ResultKind = Literal["sglang-bench-serving", "vllm-bench", "nccl-tests", "json", "collectives"]
 RESULT_KINDS: tuple[str, ...] = get_args(ResultKind)
+COLLECTIVES_STATS: tuple[str, ...] = ("latency_us", "latency_us_median", "latency_us_min", "latency_us_max",
+                                      "algbw_gbps", "busbw_gbps")
+"""``collectives``: the per op and size metrics, recorded as ``STAT@OP@BYTES``."""
+COLLECTIVES_TOTALS: tuple[str, ...] = ("nccl_mem_mib", "nccl_mem_mib_after_all", "world_size")
+"""``collectives``: the metrics of the whole run (the first two on NCCL runs only)."""
 
 
 class ResultParseError(ValueError):
@@ -303,14 +308,8 @@ def _parse_collectives(doc: Any) -> dict[str, float]:
     for i, row in enumerate(doc["results"]):
         try:
             op, nbytes, lat = str(row["op"]), int(row["bytes"]), row["latency_us"]
-            values = {
-                "latency_us": lat["mean"],
-                "latency_us_median": lat["median"],
-                "latency_us_min": lat["min"],
-                "latency_us_max": lat["max"],
-                "algbw_gbps": row["algbw_gbps"],
-                "busbw_gbps": row["busbw_gbps"],
-            }
+            values = dict(zip(COLLECTIVES_STATS, (lat["mean"], lat["median"], lat["min"], lat["max"],
+                                                  row["algbw_gbps"], row["busbw_gbps"])))
         except (KeyError, TypeError, ValueError) as exc:
             raise ResultParseError(f"collectives: result {i} lacks {exc}") from None
         if row.get("correct") is False:
@@ -320,7 +319,7 @@ def _parse_collectives(doc: Any) -> dict[str, float]:
             if number is None:
                 raise ResultParseError(f"collectives: {name} of {op} at {nbytes} B is {value!r}, not a number")
             metrics[f"{name}@{op}@{nbytes}"] = number
-    for key in ("nccl_mem_mib", "nccl_mem_mib_after_all", "world_size"):
+    for key in COLLECTIVES_TOTALS:
         number = finite_number(doc.get(key))
         if number is not None:
             metrics[key] = number

@@ -24,7 +24,7 @@ from autotune.engines import EnginePreset
 from autotune.failures import COMMON_PATTERNS, FAULT_KINDS, Failure, Pattern, classify, excerpt, find_error
 from autotune.hosts import Host, HostFault, LocalHost, ServerLeftRunning, ServerProcess
 from autotune.loadgen import Workload, run_load_sync
-from autotune.objective import Objective
+from autotune.objective import NamedLoad, Objective
 from autotune.results import ResultParseError, parse_result
 from autotune.secrets import Redactor
 from autotune.stopping import StopRequest
@@ -381,7 +381,17 @@ class TrialRunner:
         return classify(watcher.text, phase=phase, exit_code=proc.poll(), patterns=self.preset.patterns)
 
     def _measure(self, proc: ServerProcess, watcher: LogWatcher, port: int, result: TrialResult, phase_cb: PhaseCallback) -> None:
-        load = self.objective.load
+        """Run the objective's load, or each of its ``loads`` in turn on the same server (their
+        metrics prefixed ``LOAD/``); the first load that fails ends the trial."""
+        for named in self.objective.loads or (None,):
+            self._measure_load(proc, watcher, port, result, phase_cb, named)
+            if result.outcome != "ok":
+                return
+
+    def _measure_load(self, proc: ServerProcess, watcher: LogWatcher, port: int, result: TrialResult,
+                      phase_cb: PhaseCallback, named: NamedLoad | None = None) -> None:
+        load = self.objective.load if named is None else named.spec
+        prefix, which = ("", "") if named is None else (named.prefix, f"{named.name}: ")
         workload = Workload(
             api=self.api,  # type: ignore[arg-type]
             num_prompts=load.num_prompts,
@@ -393,7 +403,7 @@ class TrialRunner:
             model=self.fields.get("served_model_name") or None,
             request_timeout_s=load.request_timeout_s,
         )
-        phase_cb("warming", f"{load.warmup_prompts} requests")
+        phase_cb("warming", f"{which}{load.warmup_prompts} requests")
         last_check = 0.0
         server_down = False
 
@@ -410,7 +420,7 @@ class TrialRunner:
             return server_down
 
         def on_progress(done: int, total: int) -> None:
-            phase_cb("measuring", f"{done}/{total} requests")
+            phase_cb("measuring", f"{which}{done}/{total} requests")
 
         base_url = self.host.base_url(port)
         load_result = run_load_sync(base_url, workload, on_progress=on_progress, should_stop=should_stop)
@@ -421,22 +431,24 @@ class TrialRunner:
         if server_down or proc.poll() is not None or watcher.error is not None:
             result.outcome = "infeasible"
             result.failure = self._failure_while_alive(proc, watcher, "measuring")
-            result.metrics = dict(load_result.metrics)
+            result.metrics.update({prefix + k: v for k, v in load_result.metrics.items()})
             return
-        result.metrics = dict(load_result.metrics)
+        result.metrics.update({prefix + k: v for k, v in load_result.metrics.items()})
         total = load_result.completed + load_result.failed
         if total == 0 or load_result.failed / total > load.max_failed_fraction:
             result.outcome = "infeasible"
             errors = "; ".join(load_result.errors[:3]) or "no request completed"
             result.failure = Failure(
                 "request-errors",
-                f"{load_result.failed} of {total} requests failed: {errors}",
+                f"{which}{load_result.failed} of {total} requests failed: {errors}",
                 excerpt(watcher.text),
             )
             return
 
     def _check_slo(self, result: TrialResult) -> None:
-        """Evaluate the objective's constraints on a measured trial; broken -> slo-violated."""
+        """Add the metrics the objective defines (:meth:`Objective.derive`), then evaluate its
+        constraints on a measured trial; broken -> slo-violated."""
+        result.metrics = self.objective.derive(result.metrics)
         if result.outcome != "ok":
             return
         for c in self.objective.constraints:

@@ -53,7 +53,7 @@ from autotune.lease import (
     process_start_time,
 )
 from autotune.storage import artifact_dir, has_studies, open_storage
-from autotune.study_view import best_view
+from autotune.study_view import best_view, is_multi_objective, objectives
 
 START_WAIT_S = 60.0
 """How long ``--detach`` waits for the daemon to take the study's lease."""
@@ -205,7 +205,8 @@ def study_status(study: optuna.Study, storage: str, *, now: float | None = None)
     (``{"pid", "host", "owner", "alive", "heartbeat_age_s"}`` or None), ``trials`` (counts
     ``done`` = complete + pruned, ``complete``, ``pruned``, ``failed``, ``running``,
     ``waiting``), ``running_trials`` (``[{"number", "slot", "phase", "phase_s", "baseline"}]``),
-    ``metric``, ``best`` (``{"number", "value", "params"}`` or None), ``slots`` (as the driver
+    ``metric``, ``best`` (``{"number", "value", "params"}`` or None; a multi-objective study: the
+    trial its rule picks from the Pareto front, with ``values``, and ``objectives``), ``slots`` (as the driver
     last wrote them, which is at its start, on a quarantine and at its end, plus
     ``running_trial``: the number of the RUNNING trial on the slot, or None),
     ``stop_requested`` and ``daemon`` (``{"pid", "pid_file", "log", "running"}`` while the process
@@ -244,10 +245,12 @@ def study_status(study: optuna.Study, storage: str, *, now: float | None = None)
                    "failed": count(TrialState.FAIL), "running": len(running), "waiting": count(TrialState.WAITING)},
         "running_trials": running,
         "metric": (attrs.get("objective") or {}).get("metric", "value"),
-        "best": None if best is None else {"number": best.number, "value": best.value, "params": best.params},
+        "best": None if best is None else {"number": best.number, "value": best.value, "params": best.params,
+                                           **({"values": best.values} if is_multi_objective(study) else {})},
         "slots": [{**s, "running_trial": next((t["number"] for t in running if t["slot"] == s.get("name")), None)}
                   for s in attrs.get(SLOTS_ATTR) or [] if isinstance(s, dict)],
         "stop_requested": attrs.get(STOP_ATTR),
+        **({"objectives": [g.to_json() for g in objectives(study)]} if is_multi_objective(study) else {}),
         "daemon": daemon,
     }
 
@@ -306,9 +309,14 @@ def status_lines(doc: dict[str, Any]) -> list[str]:
         lines.append(f"  trial {t['number']}{' (baseline)' if t['baseline'] else ''} on slot {t['slot'] or '?'}: "
                      f"{t['phase'] or 'starting'}{since}{stale}")
     best = doc["best"]
-    lines.append("best: none yet" if best is None else
-                 f"best: trial {best['number']} {doc['metric']}={best['value']:.4g} "
-                 + " ".join(f"{k}={v}" for k, v in best["params"].items()))
+    if best is not None and doc.get("objectives") and best.get("values"):
+        shown = " ".join(f"{g['metric']}={v:.4g}" for g, v in zip(doc["objectives"], best["values"]))
+        lines.append(f"chosen from the Pareto front: trial {best['number']} {shown} "
+                     + " ".join(f"{k}={v}" for k, v in best["params"].items()))
+    else:
+        lines.append("best: none yet" if best is None else
+                     f"best: trial {best['number']} {doc['metric']}={best['value']:.4g} "
+                     + " ".join(f"{k}={v}" for k, v in best["params"].items()))
     for s in doc["slots"]:
         health = f"quarantined: {s.get('reason')}" if s.get("health") == "quarantined" else "healthy"
         busy = "" if s["running_trial"] is None else f", running trial {s['running_trial']}"

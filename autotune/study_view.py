@@ -1,5 +1,10 @@
 """Read-only views of a stored study: trial rows for show/best/export, in the JSON shapes of
-DESIGN.md. Nothing here writes to the storage."""
+DESIGN.md. Nothing here writes to the storage.
+
+A multi-objective study (:mod:`autotune.pareto`) is read the same way: a trial's ``value`` is its
+first objective's, ``values`` all of them; its "best" is the Pareto front's trial that the
+study's choice rule picks (:func:`pick`), and the JSON documents add ``objectives`` (and, for
+``study best``, the front and the rule) to the single-objective shapes."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune._stats import mean_interval
 from autotune.errors import StudyNotFoundError
+from autotune.pareto import Choice, ChoiceRule, Goal, choose
 from autotune.secrets import secret_args_from_attr
 from autotune.storage import has_studies, open_storage
 
@@ -42,8 +48,11 @@ class TrialView:
     """``argv``/``argv_template`` index -> name of the secret referred to there."""
     slot: str | None = None
     """The slot the trial ran on (see :mod:`autotune.slots`); None for trials of older versions."""
+    values: list[float] | None = None
+    """Every objective's value of a measured trial (``[value]`` in a single-objective study)."""
     measured: Measured | None = None
-    """Set on the view :func:`best_view` returns: every measurement of its configuration."""
+    """Set on the view :func:`best_view` returns (single-objective): every measurement of its
+    configuration."""
 
     @property
     def failure_kind(self) -> str | None:
@@ -140,7 +149,8 @@ def view(t: FrozenTrial) -> TrialView:
         failure = {"kind": kind, "message": ua.get("failure_message"), "excerpt": ua.get("failure_excerpt") or ""}
         if ua.get("failure_cause"):
             failure["cause"] = ua["failure_cause"]
-    value = t.value if (t.state == TrialState.COMPLETE and feasible) else None
+    values = list(t.values) if (t.state == TrialState.COMPLETE and feasible and t.values) else None
+    value = values[0] if values else None
     return TrialView(
         number=t.number,
         state=t.state.name,
@@ -159,6 +169,7 @@ def view(t: FrozenTrial) -> TrialView:
         secret_env=[str(k) for k in ua.get("secret_env") or []],
         secret_args=secret_args_from_attr(ua.get("secret_args")),
         slot=ua.get("slot"),
+        values=values,
     )
 
 
@@ -166,14 +177,54 @@ def trial_views(study: optuna.Study) -> list[TrialView]:
     return [view(t) for t in study.get_trials(deepcopy=False)]
 
 
+def is_multi_objective(study: optuna.Study) -> bool:
+    return len(study.directions) > 1
+
+
+def objectives(study: optuna.Study) -> list[Goal]:
+    """The study's objectives in order, each a metric and a direction (the metric names the
+    driver stored; ``value`` / ``value N`` for a study autotune did not record)."""
+    stored = study.user_attrs.get("objective") or {}
+    directions = [d.name.lower() for d in study.directions]
+    listed = stored.get("objectives")
+    if isinstance(listed, list) and len(listed) == len(directions):
+        names = [str((g or {}).get("metric") or f"value {i}") for i, g in enumerate(listed)]
+    elif len(directions) == 1:
+        names = [str(stored.get("metric") or "value")]
+    else:
+        names = [f"value {i}" for i in range(len(directions))]
+    return [Goal(n, d) for n, d in zip(names, directions)]  # type: ignore[arg-type]
+
+
+def choice_rule(study: optuna.Study) -> ChoiceRule:
+    """The rule the study's objective states for picking from its Pareto front (the default when
+    it stated none)."""
+    return ChoiceRule.from_json((study.user_attrs.get("objective") or {}).get("choose"))
+
+
+def pick(study: optuna.Study, views: list[TrialView] | None = None, rule: ChoiceRule | None = None) -> Choice | None:
+    """The Pareto front of a multi-objective study's measured trials and the one ``rule`` (default:
+    the study's) picks; None when no trial was measured."""
+    rows = [v for v in (trial_views(study) if views is None else views) if v.values is not None]
+    if not rows:
+        return None
+    return choose([(v.number, v.values) for v in rows if v.values is not None], objectives(study),
+                  rule or choice_rule(study))
+
+
 def best_view(study: optuna.Study) -> TrialView | None:
-    """The best configuration by the mean of its measurements, or None when nothing is feasible.
+    """The best configuration by the mean of its measurements, or None when nothing is feasible;
+    in a multi-objective study the trial :func:`pick` picks from the Pareto front.
 
     Returned as the view of its first measured trial, with ``value`` the mean of every feasible
     measurement of the configuration (trials with the same applied parameters) and ``measured``
     those measurements: a configuration measured again is judged on its mean, not its luckiest
     run. Ties go to the configuration measured first.
     """
+    if is_multi_objective(study):
+        views = trial_views(study)
+        chosen = pick(study, views)
+        return None if chosen is None else next(v for v in views if v.number == chosen.number)
     return best_of(trial_views(study), study.direction == optuna.study.StudyDirection.MAXIMIZE)
 
 
@@ -188,13 +239,20 @@ def best_of(views: Sequence[TrialView], maximize: bool) -> TrialView | None:
 
 
 def show_json(study: optuna.Study) -> dict[str, Any]:
-    """``study show --json``."""
-    return {
+    """``study show --json`` (a multi-objective study: ``direction``/``metric`` are the first
+    objective's, ``objectives`` lists them all and each trial has ``values``)."""
+    goals = objectives(study)
+    views = trial_views(study)
+    doc: dict[str, Any] = {
         "study": study.study_name,
-        "direction": study.direction.name.lower(),
+        "direction": goals[0].direction,
         "metric": (study.user_attrs.get("objective") or {}).get("metric"),
-        "trials": [v.to_json() for v in trial_views(study)],
+        "trials": [v.to_json() for v in views],
     }
+    if len(goals) > 1:
+        doc["objectives"] = [g.to_json() for g in goals]
+        doc["trials"] = [{**row, "values": v.values} for row, v in zip(doc["trials"], views)]
+    return doc
 
 
 def best_json(v: TrialView) -> dict[str, Any]:
@@ -204,3 +262,14 @@ def best_json(v: TrialView) -> dict[str, Any]:
     if v.measured is not None:
         out["measurements"] = v.measured.to_json()
     return out
+
+
+def front_json(study: optuna.Study, views: list[TrialView], chosen: Choice) -> dict[str, Any]:
+    """What ``study best --json`` adds for a multi-objective study: the chosen trial's ``values``,
+    the ``objectives``, the ``choice`` (rule, its text, the trial, the front's numbers) and the
+    ``pareto_front`` (each trial on it: number, params, values, metrics)."""
+    by_number = {v.number: v for v in views}
+    return {"values": by_number[chosen.number].values, "objectives": [g.to_json() for g in objectives(study)],
+            "choice": chosen.to_json(),
+            "pareto_front": [{"number": n, "params": by_number[n].params, "values": by_number[n].values,
+                              "metrics": by_number[n].metrics} for n in chosen.front]}

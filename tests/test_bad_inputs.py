@@ -54,6 +54,32 @@ metric: tok_per_s
 benchmark: {command: "{python} -c pass --port {port} --out {result_file}", parse: json}
 """
 
+WEIGHTED = OBJECTIVE.replace("metric: output_throughput", "metric: mix") + """\
+weighted:
+  mix:
+    - {metric: p99_ttft_ms, weight: 3}
+    - {metric: output_throughput, weight: 1}
+"""
+
+MULTI = """\
+name: obj
+objectives:
+  - {metric: output_throughput, direction: maximize}
+  - {metric: p99_ttft_ms, direction: minimize}
+load: {concurrency: 4, num_prompts: 8, input_len: 16, output_len: 4}
+"""
+
+COLLECTIVES = """\
+name: coll
+metric: mix
+direction: minimize
+weighted:
+  mix:
+    - {metric: latency_us@all_reduce@43008, weight: 100}
+    - {metric: latency_us@all_reduce@4194304, weight: 4}
+benchmark: {command: "{python} -m autotune.benchmarks.collectives --backend gloo --ops all_reduce --sizes 42KB --json {result_file}", parse: collectives}
+"""
+
 NONE_CONFIG = """\
 name: n1
 target: {engine: none}
@@ -350,6 +376,69 @@ CASES: list[Case] = [
     Case("objective-concurrency-huge", START, "load.concurrency", objective(OBJECTIVE.replace("concurrency: 4", "concurrency: 1000000000000"))),
     Case("objective-request-rate-nan", START, "load.request_rate", objective(OBJECTIVE.replace("output_len: 4", "output_len: 4, request_rate: .nan"))),
     Case("objective-failed-fraction", START, "load.max_failed_fraction", objective(OBJECTIVE.replace("output_len: 4", "output_len: 4, max_failed_fraction: 2"))),
+    # -- weighted metrics, several loads, several objectives ---------------------------------------
+    Case("objective-weighted-negative-weight", START, "weighted.mix.0.weight: Input should be greater than 0",
+         objective(WEIGHTED.replace("weight: 3", "weight: -3"))),
+    Case("objective-weighted-zero-weight", START, "weighted.mix.1.weight: Input should be greater than 0",
+         objective(WEIGHTED.replace("weight: 1}", "weight: 0}"))),
+    Case("objective-weighted-no-terms", START, "'mix' has no terms", objective(OBJECTIVE.replace(
+        "metric: output_throughput", "metric: mix\nweighted: {mix: []}"))),
+    Case("objective-weighted-unknown-metric", START, "weighted: 'mix': the load generator measures no 'p99_tft_ms'",
+         objective(WEIGHTED.replace("metric: p99_ttft_ms", "metric: p99_tft_ms"))),
+    Case("objective-weighted-term-twice", START, "'mix' lists p99_ttft_ms twice",
+         objective(WEIGHTED.replace("output_throughput, weight: 1", "p99_ttft_ms, weight: 1"))),
+    Case("objective-weighted-shadows-a-metric", START, "'output_throughput' is a metric the load generator measures",
+         objective(OBJECTIVE + "weighted: {output_throughput: [{metric: p99_ttft_ms, weight: 1}]}\n")),
+    Case("objective-weighted-of-weighted", START, "term 'mix' is a weighted metric itself",
+         objective(WEIGHTED + "  mix2: [{metric: mix, weight: 1}]\n")),
+    Case("objective-weighted-bad-name", START, "'a b' is not a metric name",
+         objective(OBJECTIVE + "weighted: {'a b': [{metric: p99_ttft_ms, weight: 1}]}\n")),
+    Case("objective-collectives-size-not-measured", START,
+         "the collectives benchmark (ops all_reduce, sizes 43008 B) measures no 'latency_us@all_reduce@4194304'",
+         objective(COLLECTIVES)),
+    Case("objective-loads-empty", START, "loads: List should have at least 1 item", objective(OBJECTIVE.replace(
+        "load: {concurrency: 4, num_prompts: 8, input_len: 16, output_len: 4}", "loads: []"))),
+    Case("objective-loads-and-load", START, "give either load or loads, not both",
+         objective(OBJECTIVE + "loads: [{name: a}]\n")),
+    Case("objective-loads-name-twice", START, "loads: the name a is used twice", objective(OBJECTIVE.replace(
+        "load: {concurrency: 4, num_prompts: 8, input_len: 16, output_len: 4}", "loads: [{name: a}, {name: a}]"))),
+    Case("objective-loads-negative-weight", START, "loads.0.weight: Input should be greater than 0",
+         objective(OBJECTIVE.replace("load: {concurrency: 4, num_prompts: 8, input_len: 16, output_len: 4}",
+                                     "loads: [{name: a, weight: -1}]"))),
+    Case("objective-loads-unknown-load", START, "measures no 'b/p99_ttft_ms'", objective(OBJECTIVE.replace(
+        "load: {concurrency: 4, num_prompts: 8, input_len: 16, output_len: 4}",
+        "loads: [{name: a}]\nconstraints: ['b/p99_ttft_ms <= 100']"))),
+    Case("objective-loads-with-benchmark", START, "loads: are run by the built-in load generator",
+         objective(BENCH_OBJECTIVE + "loads: [{name: a}]\n")),
+    Case("objective-objectives-one", START, "objectives: List should have at least 2 items",
+         objective("objectives: [{metric: output_throughput, direction: maximize}]\n")),
+    Case("objective-objectives-and-metric", START, "give either objectives or metric, not both",
+         objective(MULTI + "metric: output_throughput\n")),
+    Case("objective-objectives-twice", START, "objectives: output_throughput is listed twice",
+         objective(MULTI.replace("p99_ttft_ms, direction: minimize", "output_throughput, direction: minimize"))),
+    Case("objective-objectives-unknown-metric", START, "objectives.1.metric: the load generator measures no 'p99_ttf_ms'",
+         objective(MULTI.replace("p99_ttft_ms", "p99_ttf_ms"))),
+    Case("objective-objectives-no-direction", START, "objectives.1.direction: Field required",
+         objective(MULTI.replace(", direction: minimize", ""))),
+    Case("objective-choose-single", START, "choose: applies to a multi-objective study",
+         objective(OBJECTIVE + "choose: {rule: knee}\n")),
+    Case("objective-choose-unknown-rule", START, "choose.rule", objective(MULTI + "choose: {rule: best}\n")),
+    Case("objective-choose-bound-on-first", START, "choose.bounds: 'output_throughput' is not one of the objectives after the first",
+         objective(MULTI + "choose: {bounds: {output_throughput: 100}}\n")),
+    Case("objective-choose-negative-tolerance", START, "choose.tolerance", objective(MULTI + "choose: {tolerance: -0.1}\n")),
+    Case("export-choose-unknown-rule", ["export", "seeded", "--format", "sh", "--choose", "best", *STORE],
+         "--choose: unknown rule 'best'", db=True),
+    Case("export-choose-bad-tolerance", ["export", "seeded", "--format", "sh", "--choose", "bound:x", *STORE],
+         "the tolerance 'x' is not a number", db=True),
+    Case("export-choose-single-objective", ["export", "seeded", "--format", "sh", "--choose", "knee", *STORE],
+         "--choose picks from a multi-objective study's Pareto front; study 'seeded' has one objective", db=True),
+    Case("export-choose-and-trial", ["export", "seeded", "--format", "sh", "--choose", "knee", "--trial", "0", *STORE],
+         "give --choose or --trial, not both", db=True),
+    Case("export-trial-not-measured", ["export", "seeded", "--format", "sh", "--trial", "7", *STORE],
+         "--trial 7: study 'seeded' has no measured trial 7 (measured: 0)", db=True),
+    Case("bench-tuner-multi-objective", ["bench", "tuner", "--objective", "obj.yaml", "--trials", "2", "--seeds", "1"],
+         "objective obj has 2 objectives: the tuner benchmark compares strategies on one objective",
+         {"obj.yaml": MULTI.replace("p99_ttft_ms", "mean_ttft_ms")}),
 ]
 
 

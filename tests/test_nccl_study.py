@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+from autotune.objective import Objective
 from tests.test_study import autotune
 
 pytest.importorskip("torch")
@@ -38,14 +39,21 @@ def _nccl_study(tmp: Path, name: str, extra_params: dict[str, Any] | None = None
 def test_nccl_only_study_measures_collectives_without_a_server(tmp_path: Path) -> None:
     cfg = _nccl_study(tmp_path, "coll", trials=3)
     autotune("study", "start", str(cfg), cwd=tmp_path)
-    doc = json.loads(autotune("study", "show", "coll", "--json", "--storage", f"sqlite:///{tmp_path}/nccl.db", cwd=tmp_path).stdout)
-    assert doc["direction"] == "minimize" and len(doc["trials"]) == 3
+    storage = f"sqlite:///{tmp_path}/nccl.db"
+    doc = json.loads(autotune("study", "show", "coll", "--json", "--storage", storage, cwd=tmp_path).stdout)
+    assert doc["direction"] == "minimize" and doc["metric"] == "collective_us_per_step" and len(doc["trials"]) == 3
+    # The objective is the engine mix's collective time per forward pass, not the 42 KB all-reduce alone.
+    (mix,) = [w for w in Objective.load_file("nccl_cpu").weighted if w.name == "collective_us_per_step"]
+    assert {m for m, _ in mix.terms} >= {"latency_us@all_reduce@43008", "latency_us@all_reduce@4194304"}
     for t in doc["trials"]:
         assert t["outcome"] == "ok", t["failure"]
         m = t["metrics"]
-        assert m["latency_us@all_reduce@43008"] > 0 and t["value"] == pytest.approx(m["latency_us@all_reduce@43008"], rel=1e-3)
-        assert m["busbw_gbps@all_gather@1048576"] > 0
+        assert m["latency_us@all_reduce@43008"] > 0 and m["busbw_gbps@all_gather@1048576"] > 0
+        assert t["value"] == pytest.approx(sum(w * m[name] for name, w in mix.terms), rel=1e-4)
+        assert m["collective_us_per_step"] == pytest.approx(t["value"], rel=1e-6)
     assert doc["trials"][0]["params"]["NCCL_MIN_NCHANNELS"] == 2
+    best = json.loads(autotune("study", "best", "coll", "--json", "--storage", storage, cwd=tmp_path).stdout)
+    assert best["value"] == min(t["value"] for t in doc["trials"])
 
 
 def test_a_benchmark_that_fails_is_infeasible_with_its_own_error(tmp_path: Path) -> None:

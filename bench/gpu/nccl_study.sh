@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # NCCL-only study on a multi-GPU host (device kind nvidia-h200-x2 or larger), then the best
-# configuration against NCCL's defaults at each message size.
+# configuration against NCCL's defaults at each message size, and which one each objective prefers.
 #
 #   bash bench/gpu/nccl_study.sh [TRIALS]        # from the repo root, on the GPU machine
 #
@@ -50,3 +50,5 @@ python3 -m autotune export $NAME --format env $S -o "$OUT/best.env"
 ( set -a; . <(grep -v '^#' "$OUT/best.env"); set +a; $BENCH --json "$OUT/best_sizes.json" 2> "$OUT/best_sizes.log" )
 $BENCH --json "$OUT/defaults2.json" 2>> "$OUT/defaults.log"
 python3 bench/gpu/nccl_compare.py "$OUT/defaults.json" "$OUT/defaults2.json" "$OUT/best_sizes.json" "$OUT/show.json" | tee "$OUT/compare.md"
+# 4. Which of the two each objective prefers: the 42 KB all-reduce alone, or the engine mix (`nccl`).
+python3 bench/gpu/nccl_objective.py "$OUT/defaults.json" "$OUT/defaults2.json" "$OUT/best_sizes.json" | tee "$OUT/objective.md"
