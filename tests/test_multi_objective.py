@@ -268,7 +268,7 @@ def test_a_single_objective_study_keeps_its_shapes(tmp_path: Path, capsys: pytes
     assert set(shown) == {"study", "direction", "metric", "trials"}
     assert all("values" not in t for t in shown["trials"])
     best = json.loads(_cli(["study", "best", "single", "--json", "--storage", storage], capsys, monkeypatch)[1])
-    assert set(best) == {"number", "params", "value", "metrics", "env", "argv"}
+    assert set(best) == {"number", "params", "value", "metrics", "env", "argv", "measurements"}
     prof = json.loads(_cli(["export", "single", "--format", "json", "--storage", storage], capsys, monkeypatch)[1])
     assert "choice" not in prof and "objectives" not in prof
 
