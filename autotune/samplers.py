@@ -1,40 +1,65 @@
-"""The default sampler: multivariate TPE that does not propose what the study knows will crash.
+"""The default sampler: multivariate TPE that uses what the study knows.
 
-TPE ranks an infeasible (PRUNED) trial below every feasible one, but that alone teaches it
-little where most of the space fails: its "bad" group is then mostly failures of every kind, and
-it keeps proposing into a region that failed every time (speculative decoding on a host without
-a draft model, a memory fraction above what the weights leave). `autotune bench tuner` measured
-up to 34% of the trials after the 10th infeasible with TPE alone (docs/BENCHMARKS.md).
+Measured with `autotune bench tuner` (docs/BENCHMARKS.md), TPE alone has three weaknesses on a
+launch-configuration space. Where most of the space fails it keeps proposing into regions that
+failed every time (speculative decoding on a host without a draft model, a memory fraction above
+what the weights leave): up to a third of its trials after the tenth were infeasible. It locks
+in: its "good" group is the few best trials, so a parameter whose good values were only ever
+tried together with a crash elsewhere (the CUDA-graph batch limit on the Kimi host) is never
+tried again with the rest right, and half its runs stayed below 90% of the optimum. And late in
+a study it proposes the configuration it already measured, again and again.
 
-:class:`CrashAwareTPESampler` keeps TPE's proposals but redraws one that falls into a *sure*
-crash region: the conditions of a crash rule (:func:`autotune.analysis.failure_rules`, the
-minimal explanation `study explain` prints) that every trial it covers failed, with at least
-:data:`autotune.analysis.MIN_SUPPORT` trials. Such a region is a constraint learned from the
-study itself, as constrained BO learns a feasibility model (SCOOT learns one with a random forest;
-Optuna's own ``constraints_func`` only ranks trials): here the model is the rule list, which is
-cheap, exact on the trials seen and the same one the user reads. A region with a single
-success is not avoided, and after :data:`MAX_DRAWS` redraws TPE's proposal stands, so the
-search is never locked out of the space.
+:class:`CrashAwareTPESampler` keeps TPE's model and adds, each chosen for these failures:
 
-Also measured and not kept: local moves around the incumbent (TuRBO-style; half the modelled
-trials the best trial with one or two parameters changed) made runs settle lower on two of the
-three built-in hosts (docs/BENCHMARKS.md).
+- **Coverage probes around the incumbent** (a portfolio of TPE and a pattern search, in the
+  spirit of TuRBO's local search and of SCOOT's use of the best configuration so far): after
+  :data:`PROBE_AFTER` trials, every :data:`PROBE_EVERY`-th proposal is the best configuration
+  with one parameter changed, the parameters taken in turn (a shuffled cycle), the new value
+  drawn from the part of that parameter's range the study's measured trials have explored least
+  (a categorical's least-tried choice; for a number, the least-tried of :data:`PROBE_BINS` equal
+  bins of its range, on its log scale if it has one). A region that was only ever tried with a
+  crash elsewhere is so tried again with the rest right, and a gain one parameter alone gives is
+  found without waiting for TPE to stumble on it. Local moves drawn near the incumbent's value
+  were measured too and dropped: they settled lower (the far value is where a threshold lies).
+- **Crash regions** (constrained BO's feasibility model: SCOOT learns one with a random forest;
+  here it is the rule list ``study explain`` prints, :func:`autotune.analysis.failure_rules`,
+  cheap, exact on the trials seen and the one the user reads). A proposal inside a rule's region
+  is kept with probability ``(1 - p) c_ok / (p c_fail + (1 - p) c_ok)``, the chance it measures
+  per unit of GPU time relative to a proposal outside every region: ``p`` the rule's share of
+  failures, ``c_fail`` the mean duration of its failures and ``c_ok`` the median duration of a
+  measured trial. A region where every trial failed is never proposed again; one that fails
+  late, or hangs until the ready timeout, is avoided more than one that fails in seconds.
+- **No repeats**: a proposal equal to a configuration already launched is redrawn (measuring a
+  configuration again is the confirmation runs' job, :mod:`autotune.confirmation`).
+
+A proposal is redrawn up to :data:`MAX_DRAWS` times; then the draw most worth its cost stands,
+so the search is never locked out of the space. TPE's random start-up is :data:`TPE_STARTUP_TRIALS`
+trials (Optuna's default is 10): with the baseline first, the model guides the search from the
+sixth trial, which is what reaching 95% of the optimum within a few trials takes.
 """
 
 from __future__ import annotations
 
+import math
+import random
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import optuna
-from optuna.distributions import BaseDistribution
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-TPE_STARTUP_TRIALS = 8
+TPE_STARTUP_TRIALS = 4
 """Random trials before TPE models the study (serial; see :func:`tpe_sampler` for parallel)."""
 MAX_DRAWS = 20
-"""Redraws of a proposal that falls into a sure crash region before it stands."""
+"""Redraws of a proposal before the best of them stands."""
+PROBE_AFTER = 8
+"""Finished trials before the first coverage probe."""
+PROBE_EVERY = 2
+"""Every this many trials (by trial number) is a coverage probe, once there is an incumbent."""
+PROBE_BINS = 4
+"""Bins of a numeric parameter's range that a probe chooses the least explored of."""
 
 
 def tpe_sampler(seed: int | None, *, slots: int = 1) -> optuna.samplers.TPESampler:
@@ -44,10 +69,10 @@ def tpe_sampler(seed: int | None, *, slots: int = 1) -> optuna.samplers.TPESampl
     while it runs, so N free slots get N different points, not N copies of the most promising
     one. TPE's start-up counts finished trials only; with N in flight, the trial asked when the
     serial study would ask its first modelled one has N - 1 fewer finished beside it, so the
-    start-up is shortened by N - 1 (at least 4 random trials): the first modelled ask comes at
+    start-up is shortened by N - 1 (at least 2 random trials): the first modelled ask comes at
     the same trial number as in a serial study.
     """
-    startup = TPE_STARTUP_TRIALS if slots <= 1 else max(4, TPE_STARTUP_TRIALS - (slots - 1))
+    startup = TPE_STARTUP_TRIALS if slots <= 1 else max(2, TPE_STARTUP_TRIALS - (slots - 1))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, multivariate=True,
@@ -55,20 +80,25 @@ def tpe_sampler(seed: int | None, *, slots: int = 1) -> optuna.samplers.TPESampl
 
 
 class CrashAwareTPESampler(optuna.samplers.BaseSampler):
-    """TPE (:func:`tpe_sampler`) whose proposals avoid the study's sure crash regions (module
-    docstring).
+    """TPE (:func:`tpe_sampler`) with coverage probes, crash regions weighed by their cost, and
+    no repeated configuration (module docstring).
 
-    Contract: TPE's random start-up and its modelled proposals as they are, but a relative
-    proposal inside a sure crash region (:meth:`sure_rules`) is redrawn, up to :data:`MAX_DRAWS`
-    times; ``avoid_crashes=False`` is TPE alone. A seeded study stays reproducible: the redraws
-    come from TPE's own seeded generator.
+    Contract: TPE's random start-up as it is; then each relative proposal is a coverage probe
+    (``probes``) or TPE's, redrawn out of crash regions and repeats as described. With
+    ``avoid_crashes=False`` and ``probes=False`` it is TPE alone. A seeded study stays
+    reproducible: every random choice comes from a generator seeded with the study's seed. A
+    multi-objective study has no incumbent: it gets no probes.
     """
 
-    def __init__(self, seed: int | None = None, *, slots: int = 1, avoid_crashes: bool = True) -> None:
+    def __init__(self, seed: int | None = None, *, slots: int = 1, avoid_crashes: bool = True,
+                 probes: bool = True) -> None:
         self.tpe = tpe_sampler(seed, slots=slots)
         self.avoid_crashes = avoid_crashes
-        self._rules: list[tuple[Any, ...]] = []
+        self.probes = probes
+        self._rng = random.Random(seed)
+        self._rules: list[tuple[tuple[Any, ...], float, float]] = []
         self._rules_at = -1
+        self._cycle: list[str] = []
 
     # -- the sampler protocol --------------------------------------------------------------------
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
@@ -76,15 +106,32 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
 
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        if not search_space:
+            return {}
+        finished = [t for t in study._get_trials(deepcopy=False, use_cache=True)  # noqa: SLF001
+                    if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+        incumbent = self._incumbent(study, finished) if self.probes else None
+        launched = {_key(t.params) for t in finished}
+        if incumbent is not None and len(finished) >= PROBE_AFTER and trial.number % PROBE_EVERY == 0:
+            name = self._next_parameter(search_space)
+            for rank in range(MAX_DRAWS):
+                probe = {n: incumbent.params[n] for n in search_space}
+                probe[name] = self._least_explored(finished, name, search_space[name], probe[name], rank)
+                if _key(probe) not in launched and (not self.avoid_crashes or self.worth(study, probe) >= 1.0):
+                    return probe
+            # every probe of this parameter is launched already or in a crash region: TPE's turn
         params = self.tpe.sample_relative(study, trial, search_space)
-        if not self.avoid_crashes or not params:
+        if not params or not self.avoid_crashes:
             return params
-        rules = self.sure_rules(study)
+        best, best_worth = params, -1.0
         for _ in range(MAX_DRAWS):
-            if not any(all(c.holds(params) for c in rule) for rule in rules):
-                break
+            worth = 0.0 if _key(params) in launched else self.worth(study, params)
+            if worth >= 1.0 or self._rng.random() < worth:
+                return params
+            if worth > best_worth:
+                best, best_worth = params, worth
             params = self.tpe.sample_relative(study, trial, search_space)
-        return params
+        return best
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
@@ -99,21 +146,103 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
 
     def reseed_rng(self) -> None:
         self.tpe.reseed_rng()
+        self._rng = random.Random()
 
     # -- what the study knows --------------------------------------------------------------------
-    def sure_rules(self, study: optuna.Study) -> list[tuple[Any, ...]]:
-        """The conditions of the study's crash rules (:func:`autotune.analysis.failure_rules`)
-        that every trial they cover failed, with :data:`autotune.analysis.MIN_SUPPORT` trials at
-        least: regions a proposal is redrawn out of. Recomputed when a trial has finished."""
-        from autotune.analysis import MIN_SUPPORT, analysed_views, failure_rules
+    def worth(self, study: optuna.Study, params: dict[str, Any]) -> float:
+        """How much a proposal is worth next to one outside every crash region: 1 outside them;
+        inside, the least over the regions holding it of ``(1 - p) c_ok / (p c_fail + (1 - p)
+        c_ok)`` (module docstring); 0 where every trial failed."""
+        worth = 1.0
+        for conditions, p, cost_ratio in self.regions(study):
+            if all(c.holds(params) for c in conditions):
+                worth = min(worth, (1 - p) / (p * cost_ratio + (1 - p)))
+        return worth
 
-        finished = sum(1 for t in study._get_trials(deepcopy=False, use_cache=True)  # noqa: SLF001
-                       if t.state in (TrialState.COMPLETE, TrialState.PRUNED))
+    def regions(self, study: optuna.Study) -> list[tuple[tuple[Any, ...], float, float]]:
+        """The study's crash regions: each rule's conditions (:func:`autotune.analysis.failure_rules`)
+        with its share of failures and its failures' mean duration over a measured trial's
+        median. Recomputed when a trial has finished."""
+        from autotune.analysis import analysed_views, failure_rules
+
+        views = analysed_views(study)
+        finished = sum(1 for v in views if v.outcome in ("ok", "infeasible"))
         if self._rules_at != finished:
-            report = failure_rules(analysed_views(study))
-            self._rules = [r.conditions for r in report.rules if r.failed == r.covered and r.covered >= MIN_SUPPORT]
-            self._rules_at = finished
+            durations = {v.number: float(v.duration_s or 0.0) for v in views}
+            ok = sorted(durations[v.number] for v in views if v.outcome == "ok")
+            typical = ok[len(ok) // 2] if ok else 0.0
+            out = []
+            for rule in failure_rules(views).rules:
+                failed = [durations.get(n, 0.0) for n in rule.trials] or [typical]
+                ratio = (sum(failed) / len(failed)) / typical if typical > 0 else 1.0
+                out.append((rule.conditions, rule.failed / rule.covered, max(ratio, 1e-3)))
+            self._rules, self._rules_at = out, finished
         return self._rules
 
+    def sure_rules(self, study: optuna.Study) -> list[tuple[Any, ...]]:
+        """The conditions of the crash regions where every trial failed: never proposed again."""
+        return [conditions for conditions, p, _ in self.regions(study) if p >= 1.0]
 
-__all__ = ["CrashAwareTPESampler", "MAX_DRAWS", "TPE_STARTUP_TRIALS", "tpe_sampler"]
+    @staticmethod
+    def _incumbent(study: optuna.Study, finished: list[FrozenTrial]) -> FrozenTrial | None:
+        if len(study.directions) > 1:
+            return None
+        measured = [t for t in finished if t.state == TrialState.COMPLETE and t.value is not None
+                    and t.user_attrs.get("feasible", True)]
+        if not measured:
+            return None
+        sign = 1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
+        return max(measured, key=lambda t: sign * float(t.value))  # type: ignore[arg-type]
+
+    def _next_parameter(self, search_space: dict[str, BaseDistribution]) -> str:
+        """The parameters in turn, a shuffled cycle of them."""
+        self._cycle = [n for n in self._cycle if n in search_space]
+        if not self._cycle:
+            self._cycle = sorted(search_space)
+            self._rng.shuffle(self._cycle)
+        return self._cycle.pop()
+
+    def _least_explored(self, finished: list[FrozenTrial], name: str, dist: BaseDistribution, current: Any,
+                        rank: int = 0) -> Any:
+        """A value of ``name`` from the part of its range the measured trials explored least
+        (other than the current value's), ties broken at random; ``rank`` 1, 2, ... take the
+        next least explored part (cycling), for a redraw."""
+        seen = [t.params[name] for t in finished if t.state == TrialState.COMPLETE and name in t.params]
+        if isinstance(dist, CategoricalDistribution):
+            counts = {i: 0 for i in range(len(dist.choices))}
+            for v in seen:
+                counts[dist.choices.index(v)] += 1
+            here = dist.choices.index(current) if current in dist.choices else -1
+            order = sorted((c, self._rng.random(), i) for i, c in counts.items() if i != here)
+            return dist.choices[order[rank % len(order)][2]] if order else current
+        assert isinstance(dist, (IntDistribution, FloatDistribution))
+        scale = math.log if dist.log else float
+        lo, hi = scale(dist.low), scale(dist.high)
+        if hi <= lo:
+            return current
+
+        def bin_of(x: float) -> int:
+            return min(PROBE_BINS - 1, int((scale(x) - lo) / (hi - lo) * PROBE_BINS))
+
+        counts = [0] * PROBE_BINS
+        for v in seen:
+            counts[bin_of(v)] += 1
+        order = sorted((c, self._rng.random(), i) for i, c in enumerate(counts) if i != bin_of(current))
+        i = order[rank % len(order)][2]
+        y = self._rng.uniform(lo + (hi - lo) * i / PROBE_BINS, lo + (hi - lo) * (i + 1) / PROBE_BINS)
+        x = math.exp(y) if dist.log else y
+        if isinstance(dist, IntDistribution):
+            step = dist.step
+            return min(dist.high, max(dist.low, dist.low + round((x - dist.low) / step) * step))
+        if dist.step is not None:
+            x = dist.low + round((x - dist.low) / dist.step) * dist.step
+            return min(dist.high, max(dist.low, round(x, 10)))
+        return min(dist.high, max(dist.low, x))
+
+
+def _key(params: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, repr(v)) for k, v in params.items()))
+
+
+__all__ = ["CrashAwareTPESampler", "MAX_DRAWS", "PROBE_AFTER", "PROBE_BINS", "PROBE_EVERY", "TPE_STARTUP_TRIALS",
+           "tpe_sampler"]

@@ -5,23 +5,24 @@ config cannot say it, a sampler factory handed to the driver (its ``sampler`` op
 driver's loop, its baseline (enqueued first), its records and its budget are the same for all.
 
 - ``autotune``: what ``study start`` runs (``make_sampler("tpe", ...)``:
-  :class:`~autotune.samplers.CrashAwareTPESampler`, multivariate TPE that redraws a proposal
-  inside a region where every trial crashed; infeasible trials told PRUNED with a failure
-  constraint, which TPE ranks below every feasible trial).
-- ``tpe``: that TPE alone, without the crash regions (:func:`~autotune.samplers.tpe_sampler`;
-  the default before them).
+  :class:`~autotune.samplers.CrashAwareTPESampler`, multivariate TPE with coverage probes around
+  the incumbent, crash regions weighed by their cost and no repeated configuration), with the
+  driver's own study features: proposals an earlier failure implies skipped
+  (:mod:`autotune.implied`) and the best confirmed at the budget's end
+  (:mod:`autotune.confirmation`); infeasible trials told PRUNED with a failure constraint.
+- ``tpe``: the same multivariate TPE alone (:func:`~autotune.samplers.tpe_sampler`), crashes
+  told as ``autotune`` tells them, no probes, regions, skips or confirmation.
 - ``random``: the config's ``sampler: random``.
 - ``grid``: what vLLM's ``benchmarks/auto_tune.sh`` does: a grid over a few server flags (it
   grids ``max_num_seqs`` x ``max_num_batched_tokens`` under a memory fraction); here
   :data:`GRID`, the SGLang analogues, every other parameter at the space's default, visited in a
   seeded shuffled order (Optuna's ``GridSampler``).
-- ``tpe-naive``: TPE that is told crashes as FAIL, as Ray Tune's ``OptunaSearch`` does (a
-  trial that raised is told ``TrialState.FAIL``). Optuna's TPE reads only COMPLETE and PRUNED
-  trials, so a FAIL trial teaches it nothing. It is the same TPE as ``tpe`` (so only the
-  handling of crashes differs), shown a view of the study without its PRUNED trials, which with
-  TPE are exactly the infeasible ones (:class:`CrashBlindTPESampler`). The trials are recorded as
-  for ``autotune`` (PRUNED, counted by the budget): telling them FAIL in the storage instead
-  would change what the budget counts and what every command shows, not only what TPE sees.
+- ``tpe-naive``: Ray Tune with ``OptunaSearch`` as it comes: Optuna's ``TPESampler(seed=seed)``
+  with its defaults (10 random start-up trials, independent per parameter), told crashes as
+  FAIL (a trial that raised is told ``TrialState.FAIL``; Optuna's TPE reads only COMPLETE and
+  PRUNED trials, so a FAIL teaches it nothing). It is shown a view of the study without its
+  PRUNED trials, which with TPE are exactly the infeasible ones (:class:`CrashBlindTPESampler`);
+  the trials are recorded as for ``autotune`` (PRUNED, counted by the budget).
 """
 
 from __future__ import annotations
@@ -159,14 +160,14 @@ class _WithoutPruned:
 
 
 class CrashBlindTPESampler(optuna.samplers.BaseSampler):
-    """Plain multivariate TPE (:func:`~autotune.samplers.tpe_sampler`, as Ray Tune's
-    ``OptunaSearch`` runs Optuna's TPE) as if infeasible trials were told FAIL:
-    it samples from a view of the study without PRUNED trials (with TPE the driver tells PRUNED
-    exactly the infeasible trials), so it neither avoids crashing regions nor counts crashes
-    towards its random start-up, as a FAIL trial would not count."""
+    """Optuna's TPE with its defaults (``TPESampler(seed=seed)``, what Ray Tune's ``OptunaSearch``
+    makes when given no sampler) as if infeasible trials were told FAIL: it samples from a view
+    of the study without PRUNED trials (with TPE the driver tells PRUNED exactly the infeasible
+    trials), so it neither avoids crashing regions nor counts crashes towards its random
+    start-up, as a FAIL trial would not count."""
 
     def __init__(self, seed: int | None = None) -> None:
-        self._tpe = tpe_sampler(seed)
+        self._tpe = optuna.samplers.TPESampler(seed=seed)
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         return self._tpe.infer_relative_search_space(_WithoutPruned(study), trial)  # type: ignore[arg-type]
