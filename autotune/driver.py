@@ -4,6 +4,12 @@ Only the driver talks to the Optuna storage. Each trial is asked, its parameters
 launch by the search space, run by the executor (which returns a plain ``TrialResult``), and told:
 
 - ok: COMPLETE with the objective value; constraints <= 0.
+- stopped (measured until its load could not beat the best so far: :mod:`autotune.early_stop`;
+  the driver hands each trial but the baseline and ablation runs the best value so far in its
+  spec): not infeasible (constraints <= 0), its projected values reported as intermediate values
+  and told PRUNED, which TPE ranks below every complete trial and above every infeasible one (with
+  the GP sampler, COMPLETE at its last projected value). It counts against the budget, has no
+  value and is never the best (user attr ``feasible`` is false: it has no final value).
 - infeasible (the configuration's fault): constraint ``failure`` > 0 (or an SLO constraint > 0).
   With TPE it is told PRUNED (TPE ranks it below every feasible trial); with the GP sampler
   COMPLETE with every constraint key present, as each sampler needs to learn from it.
@@ -44,6 +50,7 @@ from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.trial import TrialState
 
 from autotune.config import StudyConfig
+from autotune.early_stop import applies as early_stop_applies
 from autotune.errors import UsageError
 from autotune.executors import Executor, host_for
 from autotune.hosts import (
@@ -486,8 +493,11 @@ class Driver:
             [float(t.user_attrs["startup_s"]) for t in study.get_trials(deepcopy=False)
              if t.user_attrs.get("startup_s") is not None],
             cap_s=target.ready_timeout_s, factor=target.startup_timeout_factor, floor_s=target.startup_timeout_floor_s)
+        best = None
+        if early_stop_applies(self.objective) and not is_baseline and not trial.user_attrs.get("ablation"):
+            best = best_view(study)  # the reference runs are measured to the end
         spec = TrialSpec(trial.number, env=launch.env, args=launch.args, ready_timeout_s=timeout,
-                         ready_timeout_reason=why)
+                         ready_timeout_reason=why, best_value=None if best is None else best.value)
         last = {"phase": ""}
 
         def on_phase(phase: str, detail: str, trial: optuna.Trial = trial) -> None:
@@ -601,6 +611,7 @@ class Driver:
             "server_info": _compact_info(result.server_info),
             "secret_env": list(result.secret_env),
             "secret_args": {str(i): n for i, n in sorted(result.secret_args.items())},
+            "early_stop": result.early_stop.to_json() if result.early_stop is not None else None,
         }
         for key, val in attrs.items():
             trial.set_user_attr(key, val)
@@ -631,11 +642,16 @@ class Driver:
             trial.set_user_attr("failure_message", f"metric '{self.objective.metric}' not in the results")
             result.outcome = "infeasible"
         mirror_constraints(trial)  # optuna-dashboard does not show set_constraint values
+        if result.outcome in ("ok", "stopped"):
+            for step, projected in sorted(result.intermediate.items()):
+                trial.report(projected, step)
         if result.outcome == "ok":
             study.tell(trial, float(value))  # type: ignore[arg-type]
             return float(value)  # type: ignore[arg-type]
         if isinstance(study.sampler, optuna.samplers.GPSampler):
             fill = value if value is not None else (0.0 if self.objective.direction == "maximize" else 1e12)
+            if result.early_stop is not None:
+                fill = result.early_stop.projected
             study.tell(trial, float(fill))
         else:
             study.tell(trial, state=TrialState.PRUNED)

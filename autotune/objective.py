@@ -7,6 +7,7 @@ An objective file looks like::
     direction: maximize
     load: {concurrency: 256, num_prompts: 1024, input_len: 256, output_len: 128, warmup_prompts: 16}
     constraints: ["p99_ttft_ms <= 2000"]   # a trial breaking one is infeasible (slo-violated)
+    early_stop: true                # stop a load that cannot beat the best (autotune.early_stop)
 
 or, instead of the built-in load generator, an external benchmark whose output is parsed::
 
@@ -116,6 +117,7 @@ class _ObjectiveFile(BaseModel):
     load: LoadSpec = Field(default_factory=LoadSpec)
     benchmark: BenchmarkSpec | None = None
     constraints: list[str] = Field(default_factory=list)
+    early_stop: bool = True
 
 
 def _finite(text: str) -> float | None:
@@ -137,6 +139,9 @@ class Objective:
     load: LoadSpec
     constraints: tuple[Constraint, ...]
     benchmark: BenchmarkSpec | None = None
+    early_stop: bool = True
+    """Whether a trial's load may stop early once it cannot beat the best so far (where the metric
+    allows a bound: :func:`autotune.early_stop.applies`)."""
 
     @classmethod
     def load_file(cls, name_or_path: str, overrides: dict[str, Any] | None = None) -> Objective:
@@ -178,4 +183,5 @@ class Objective:
                     raise ConfigError(f"objective {source}: {key}: the load generator measures no '{metric}' "
                                       f"(it measures: {', '.join(sorted(LOADGEN_METRICS))})")
         name = parsed.name or source.rsplit("/", 1)[-1].removesuffix(".yaml")
-        return cls(name, parsed.metric, parsed.direction, parsed.load, tuple(constraints), parsed.benchmark)
+        return cls(name, parsed.metric, parsed.direction, parsed.load, tuple(constraints), parsed.benchmark,
+                   early_stop=parsed.early_stop)

@@ -81,6 +81,9 @@ class ConsoleReporter:
         took = f"{result.duration_s:.1f}s"
         if result.outcome == "ok":
             line = Text.assemble(f"trial {result.number}: ", ("ok", "green"), f" {self.metric}={value:.4g}  ({took})")
+        elif result.outcome == "stopped":
+            why = result.early_stop.message if result.early_stop is not None else "stopped early"
+            line = Text.assemble(f"trial {result.number}: ", ("stopped", "cyan"), f"  {shorten(why, MESSAGE_LIMIT)}  ({took})")
         else:
             kind = result.failure.kind if result.failure else "?"
             msg = shorten(result.failure.message if result.failure else "", MESSAGE_LIMIT)
@@ -188,8 +191,9 @@ def outcome_lines(views: list[TrialView], rules: list[str]) -> list[Text]:
 
 
 def summary_table(views: list[TrialView], metric: str, maximize: bool = True) -> Table:
-    """A table of every trial: number, outcome, value, failure kind, the parameters that differ
-    from the baseline's (all of them for the baseline), duration. The best trial is in green."""
+    """A table of every trial: number, outcome, value, failure kind (for a trial stopped early:
+    where and why), the parameters that differ from the baseline's (all of them for the
+    baseline), duration. The best trial is in green."""
     table = Table(title=Text(f"trials ({metric})"), show_lines=False)
     for col in ("#", "outcome", "value", "failure", "parameters (vs baseline)", "time"):
         table.add_column(col, overflow="fold")
@@ -201,7 +205,18 @@ def summary_table(views: list[TrialView], metric: str, maximize: bool = True) ->
         style = "bold green" if v.value is not None and v.value == best else None
         shown = v.params if v.baseline else {k: p for k, p in v.params.items() if base.get(k) != p}
         params = " ".join(f"{k}={p}" for k, p in shown.items())
-        cells = (str(v.number) + (" (baseline)" if v.baseline else ""), v.outcome, value, v.failure_kind or "",
+        cells = (str(v.number) + (" (baseline)" if v.baseline else ""), v.outcome, value, v.failure_kind or _stopped(v),
                  params, f"{v.duration_s:.1f}s" if isinstance(v.duration_s, (int, float)) and v.duration_s else "")
         table.add_row(*(Text(str(c)) for c in cells), style=style)  # Text: a value is never markup
     return table
+
+
+def _stopped(v: TrialView) -> str:
+    """Where and why a trial's load stopped early (``at 25%: bound 568 < best 604``), else ""."""
+    es = v.early_stop
+    if v.outcome != "stopped" or not es:
+        return ""
+    try:
+        return f"at {float(es['share']):.0%}: bound {float(es['bound']):.4g} < best {float(es['best']):.4g}"
+    except (KeyError, TypeError, ValueError):
+        return "stopped early"

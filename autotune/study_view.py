@@ -38,6 +38,8 @@ class TrialView:
     """``argv``/``argv_template`` index -> name of the secret referred to there."""
     slot: str | None = None
     """The slot the trial ran on (see :mod:`autotune.slots`); None for trials of older versions."""
+    early_stop: dict[str, Any] | None = None
+    """Why a ``stopped`` trial's load was stopped (:meth:`autotune.early_stop.EarlyStop.to_json`)."""
 
     @property
     def failure_kind(self) -> str | None:
@@ -56,6 +58,7 @@ class TrialView:
             "baseline": self.baseline,
             "startup_s": self.startup_s,
             "slot": self.slot,
+            "early_stop": self.early_stop,
         }
 
 
@@ -109,6 +112,7 @@ def view(t: FrozenTrial) -> TrialView:
         secret_env=[str(k) for k in ua.get("secret_env") or []],
         secret_args=secret_args_from_attr(ua.get("secret_args")),
         slot=ua.get("slot"),
+        early_stop=ua.get("early_stop") or None,
     )
 
 
@@ -117,7 +121,7 @@ def trial_views(study: optuna.Study) -> list[TrialView]:
 
 
 def best_view(study: optuna.Study) -> TrialView | None:
-    """The best feasible trial, or None."""
+    """The best feasible trial (measured to the end: never a ``stopped`` one), or None."""
     rows = [v for v in trial_views(study) if v.value is not None]
     if not rows:
         return None
