@@ -4,12 +4,14 @@ Only the driver talks to the Optuna storage. Each trial is asked, its parameters
 launch by the search space, run by the executor (which returns a plain ``TrialResult``), and told:
 
 - ok: COMPLETE with the objective value; constraints <= 0.
-- stopped (measured until its load could not beat the best so far: :mod:`autotune.early_stop`;
-  the driver hands each trial but the baseline and ablation runs the best value so far in its
-  spec): not infeasible (constraints <= 0), its projected values reported as intermediate values
-  and told PRUNED, which TPE ranks below every complete trial and above every infeasible one (with
-  the GP sampler, COMPLETE at its last projected value). It counts against the budget, has no
-  value and is never the best (user attr ``feasible`` is false: it has no final value).
+- stopped (measured until its load could not beat the value to beat: :mod:`autotune.early_stop`;
+  the driver hands each trial but the baseline and ablation runs
+  :func:`~autotune.early_stop.value_to_beat` in its spec, the value a trial must beat to be one
+  of TPE's good trials): not infeasible (constraints <= 0), its projected values reported as
+  intermediate values and told PRUNED, which TPE ranks below every complete trial and above every
+  infeasible one (with the GP sampler, COMPLETE at its last projected value). It counts against
+  the budget, has no value and is never the best (user attr ``feasible`` is false: it has no
+  final value).
 - infeasible (the configuration's fault): constraint ``failure`` > 0 (or an SLO constraint > 0).
   With TPE it is told PRUNED (TPE ranks it below every feasible trial); with the GP sampler
   COMPLETE with every constraint key present, as each sampler needs to learn from it.
@@ -50,7 +52,7 @@ from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.trial import TrialState
 
 from autotune.config import StudyConfig
-from autotune.early_stop import applies as early_stop_applies
+from autotune.early_stop import applies as early_stop_applies, value_to_beat
 from autotune.errors import UsageError
 from autotune.executors import Executor, host_for
 from autotune.hosts import (
@@ -70,7 +72,7 @@ from autotune.slots import Slot, SlotPool
 from autotune.space import SearchSpace
 from autotune.stopping import StopRequest, handle_signals
 from autotune.storage import artifact_dir, check_storage, open_storage
-from autotune.study_view import best_view
+from autotune.study_view import best_view, trial_views
 
 FAILURE_CONSTRAINT = "failure"
 WAIT_S = 1.0
@@ -493,11 +495,14 @@ class Driver:
             [float(t.user_attrs["startup_s"]) for t in study.get_trials(deepcopy=False)
              if t.user_attrs.get("startup_s") is not None],
             cap_s=target.ready_timeout_s, factor=target.startup_timeout_factor, floor_s=target.startup_timeout_floor_s)
-        best = None
+        beat, beat_why = None, ""
         if early_stop_applies(self.objective) and not is_baseline and not trial.user_attrs.get("ablation"):
-            best = best_view(study)  # the reference runs are measured to the end
+            # (the reference runs are measured to the end)
+            measured = [v.value for v in trial_views(study) if v.value is not None]
+            beat, beat_why = value_to_beat(measured, len(finished_trials(study)),
+                                           maximize=self.objective.direction == "maximize")
         spec = TrialSpec(trial.number, env=launch.env, args=launch.args, ready_timeout_s=timeout,
-                         ready_timeout_reason=why, best_value=None if best is None else best.value)
+                         ready_timeout_reason=why, beat_value=beat, beat_reason=beat_why)
         last = {"phase": ""}
 
         def on_phase(phase: str, detail: str, trial: optuna.Trial = trial) -> None:

@@ -17,7 +17,7 @@ the executor also adds up (:attr:`ModelExecutor.spent_s`):
   costing the whole timeout, as the real runner waits it out. The model has no hang of its own
   (:data:`autotune.sim.model.OUTCOMES`), so this is a start-up (or a failure) slower than the
   timeout the driver chose;
-- stopped early (a spec with ``best_value``, an objective that allows it): ``startup_s`` + the
+- stopped early (a spec with ``beat_value``, an objective that allows it): ``startup_s`` + the
   load until the :class:`~autotune.early_stop.StopRule` stopped it. The rule is the runner's, fed
   the model's own timeline after every forward (:data:`autotune.sim.model.ProgressHook`) as a
   :class:`~autotune.loadgen.LoadProgress`; what the whole load would have cost is kept too
@@ -204,7 +204,7 @@ class ModelExecutor:
 
     def full_seconds(self, spec: TrialSpec) -> float:
         """What the trial of ``spec`` costs when its load is never stopped early."""
-        return self.result(dataclasses.replace(spec, best_value=None)).duration_s
+        return self.result(dataclasses.replace(spec, beat_value=None)).duration_s
 
     def result(self, spec: TrialSpec) -> TrialResult:
         """The result the real runner would return for ``spec`` on the simulated host."""
@@ -219,7 +219,8 @@ class ModelExecutor:
             _, args = _parse([*self.server_args, *spec.args])
         except ValueError as exc:
             return _failed(result, "invalid-argument", str(exc), BAD_FLAG_S, timeout)
-        rule = StopRule(self.stop_metric, spec.best_value) if self.stop_metric and spec.best_value is not None else None
+        rule = (StopRule(self.stop_metric, spec.beat_value, spec.beat_reason)
+                if self.stop_metric and spec.beat_value is not None else None)
         p = predict(self.scenario, args, env, self.workload, seed=self.seed,
                     on_progress=None if rule is None else self._watch(rule))
         if p.outcome == "crash-under-load":

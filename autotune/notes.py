@@ -154,7 +154,7 @@ def trial_note(v: TrialView, *, metric: str | None = None, constraints: Mapping[
         out.append(_STATE_WORDS[v.state])
     if v.outcome == "stopped":
         out.append("")
-        out.append(f"**Stopped early:** {_text((v.early_stop or {}).get('message') or 'its load was stopped early')}.")
+        out.append(f"**Stopped early** {_text((v.early_stop or {}).get('message') or '')}.")
         out.append(f"Optuna records it as *{_text(v.state.capitalize())}* with its projected values as intermediate "
                    "values; it is not infeasible (constraint `failure` = -1) and never the best.")
     if v.failure:

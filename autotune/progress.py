@@ -82,8 +82,8 @@ class ConsoleReporter:
         if result.outcome == "ok":
             line = Text.assemble(f"trial {result.number}: ", ("ok", "green"), f" {self.metric}={value:.4g}  ({took})")
         elif result.outcome == "stopped":
-            why = result.early_stop.message if result.early_stop is not None else "stopped early"
-            line = Text.assemble(f"trial {result.number}: ", ("stopped", "cyan"), f"  {shorten(why, MESSAGE_LIMIT)}  ({took})")
+            why = result.early_stop.message if result.early_stop is not None else ""
+            line = Text.assemble(f"trial {result.number}: ", ("stopped early", "cyan"), f" {shorten(why, MESSAGE_LIMIT)}  ({took})")
         else:
             kind = result.failure.kind if result.failure else "?"
             msg = shorten(result.failure.message if result.failure else "", MESSAGE_LIMIT)
@@ -212,11 +212,11 @@ def summary_table(views: list[TrialView], metric: str, maximize: bool = True) ->
 
 
 def _stopped(v: TrialView) -> str:
-    """Where and why a trial's load stopped early (``at 25%: bound 568 < best 604``), else ""."""
+    """Where and why a trial's load stopped early (``at 25%: bound 568 < 604``), else ""."""
     es = v.early_stop
     if v.outcome != "stopped" or not es:
         return ""
     try:
-        return f"at {float(es['share']):.0%}: bound {float(es['bound']):.4g} < best {float(es['best']):.4g}"
+        return f"at {float(es['share']):.0%}: bound {float(es['bound']):.4g} < {float(es['beat']):.4g}"
     except (KeyError, TypeError, ValueError):
         return "stopped early"

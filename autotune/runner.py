@@ -5,7 +5,7 @@ plain :class:`TrialResult`. Readiness and failure are watched together: the heal
 polled while the log is tailed, so a crash is seen within a poll interval, not at the timeout,
 and the log excerpt is read before the process is killed.
 
-A trial whose spec carries the best value so far (``TrialSpec.best_value``) is measured under
+A trial whose spec carries a value to beat (``TrialSpec.beat_value``) is measured under
 :class:`~autotune.early_stop.StopRule`: once its load cannot beat that value, the load stops, the
 server is torn down as usual, and the result is ``outcome="stopped"`` with the metrics measured so
 far and the reason (``early_stop``) -- measured, not infeasible.
@@ -56,8 +56,9 @@ class TrialSpec:
 
     ``ready_timeout_s``, when set, replaces the runner's ready timeout for this trial (the driver
     shortens it from the start-ups it has seen); ``ready_timeout_reason`` says how it was chosen.
-    ``best_value``: the best value of the objective's metric so far, which the trial's load is
-    stopped early for once it cannot beat it (:mod:`autotune.early_stop`); None: never stopped.
+    ``beat_value``: the value of the objective's metric the trial must be able to beat, else its
+    load is stopped early (the driver's :func:`~autotune.early_stop.value_to_beat`; None: never
+    stopped); ``beat_reason`` says which value it is.
     """
 
     number: int
@@ -65,7 +66,8 @@ class TrialSpec:
     args: list[str]
     ready_timeout_s: float | None = None
     ready_timeout_reason: str = ""
-    best_value: float | None = None
+    beat_value: float | None = None
+    beat_reason: str = ""
 
 
 @dataclass
@@ -282,7 +284,7 @@ class TrialRunner:
             if self.objective.benchmark is not None:
                 self._benchmark(spec, proc, watcher, port, result, phase_cb)
             else:
-                self._measure(proc, watcher, port, result, phase_cb, spec.best_value)
+                self._measure(proc, watcher, port, result, phase_cb, spec)
             self._check_slo(result)
             return result
         except HostFault as fault:
@@ -397,11 +399,11 @@ class TrialRunner:
         return classify(watcher.text, phase=phase, exit_code=proc.poll(), patterns=self.preset.patterns)
 
     def _measure(self, proc: ServerProcess, watcher: LogWatcher, port: int, result: TrialResult, phase_cb: PhaseCallback,
-                 best_value: float | None = None) -> None:
+                 spec: TrialSpec) -> None:
         """Drive the objective's load. Where the objective allows early stopping
         (:func:`~autotune.early_stop.applies`) the load's progress goes through a
         :class:`~autotune.early_stop.StopRule` (intermediate values), which stops it once it
-        cannot beat ``best_value``."""
+        cannot beat ``spec.beat_value``."""
         load = self.objective.load
         workload = Workload(
             api=self.api,  # type: ignore[arg-type]
@@ -417,7 +419,7 @@ class TrialRunner:
         phase_cb("warming", f"{load.warmup_prompts} requests")
         last_check = 0.0
         server_down = False
-        rule = StopRule(self.objective.metric, best_value) if applies(self.objective) else None
+        rule = StopRule(self.objective.metric, spec.beat_value, spec.beat_reason) if applies(self.objective) else None
 
         def should_stop() -> bool:
             nonlocal last_check, server_down
@@ -466,6 +468,7 @@ class TrialRunner:
         if stopped:
             result.outcome = "stopped"
             result.early_stop = rule.stop  # type: ignore[union-attr]
+            result.metrics.update(failed=float(failed), cancelled=float(load_result.cancelled))
 
     def _check_slo(self, result: TrialResult) -> None:
         """Evaluate the objective's constraints on a measured trial; broken -> slo-violated."""

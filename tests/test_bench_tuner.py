@@ -7,6 +7,7 @@ Everything runs the real Driver on real SQLite storages against the real model, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from autotune.bench_tuner import BENCH_ENV, Setup, StudyTrace, summarize
+from autotune.bench_tuner import BENCH_ENV, Setup, StudyTask, StudyTrace, _Clock, _trace, summarize
 from autotune.driver import Driver, make_sampler
 from autotune.errors import UsageError
 from autotune.model_executor import ModelExecutor, model_workload
@@ -28,6 +29,7 @@ from autotune.sim.args import parse_server_args
 from autotune.sim.model import Workload, predict
 from autotune.sim.scenario import load_scenario
 from autotune.strategies import GRID, CrashBlindTPESampler, strategy
+from autotune.study_view import best_view
 
 GLM = "rtx6000-pcie-glm5"
 KIMI = "rtx6000-pcie-kimi-eagle3"
@@ -107,6 +109,77 @@ def test_a_stop_request_answers_interrupted_faults() -> None:
     ex.request_stop("signal")
     r = ex.result(_spec(setup))
     assert r.outcome == "fault" and r.failure is not None and r.failure.kind == "interrupted"
+
+
+def test_a_clearly_worse_trial_stops_early_and_costs_only_its_time_until_then() -> None:
+    setup = _setup()
+    ex = setup.executor(0)
+    best = ex.result(_spec(setup)).metrics["output_throughput"]
+    worse = _spec(setup, 5, max_running_requests=16)  # a third of the baseline's throughput
+    full = ex.result(worse)
+    assert full.outcome == "ok" and full.metrics["output_throughput"] < best / 2 and full.early_stop is None
+    spec = dataclasses.replace(worse, beat_value=best)
+    ex.submit(spec, ex.slots()[0], lambda phase, detail: None)
+    [done] = ex.wait(1.0)
+    r = done.result
+    assert r.outcome == "stopped" and r.failure is None and r.early_stop is not None
+    assert r.early_stop.beat == best and r.early_stop.bound < best
+    assert r.early_stop.share < 1 and r.metrics["completed"] < QUICK.num_prompts  # its load was cut short
+    assert r.startup_s == full.startup_s and r.startup_s < r.duration_s < full.duration_s
+    assert r.intermediate and max(r.intermediate) <= 100 * r.early_stop.share
+    [cost] = ex.costs
+    assert (cost.outcome, cost.seconds, cost.full_seconds) == ("stopped", r.duration_s, full.duration_s)
+    # The same trial against a best it would have beaten (by 0.1%) runs to its end, as without one.
+    beaten = ex.result(dataclasses.replace(worse, beat_value=full.metrics["output_throughput"] * 0.999))
+    assert beaten.outcome == "ok" and beaten.metrics == full.metrics and beaten.duration_s == full.duration_s
+    # With early stopping off in the objective, nothing stops.
+    off = Setup(GLM, "sglang_nccl", "quick", None, early_stop=False).executor(0)
+    assert off.result(spec).outcome == "ok"
+
+
+def _tpe_study(tmp_path: Path, setup: Setup, trials: int) -> tuple[optuna.Study, ModelExecutor]:
+    """A study of Optuna's own multivariate TPE (as Optuna ships it: the property below is TPE's)."""
+    cfg = setup.config(name=f"stops-{setup.early_stop}", storage=f"sqlite:///{tmp_path}/stops-{setup.early_stop}.db",
+                       sampler="tpe", seed=1, trials=trials)
+    ex = ModelExecutor.for_target(cfg, setup.objective, seed=1)
+    tpe = lambda seed: optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8)  # noqa: E731
+    return Driver(cfg, setup.space, setup.objective, ex, trials=trials, sampler=tpe).run().study, ex
+
+
+def test_early_stopping_saves_gpu_time_and_tpe_runs_the_same_search(tmp_path: Path) -> None:
+    """A trial stopped below the value to beat would have been one of TPE's poor trials measured
+    to its end too: with the same seed and noise, TPE proposes the same trials."""
+    full, full_ex = _tpe_study(tmp_path, Setup(GLM, "sglang_nccl", "quick", None, early_stop=False), 16)
+    cut, cut_ex = _tpe_study(tmp_path, _setup(), 16)
+    stopped = [t.number for t in cut.get_trials() if t.user_attrs.get("outcome") == "stopped"]
+    assert len(stopped) >= 2
+    assert [t.params for t in cut.get_trials()] == [t.params for t in full.get_trials()]
+    assert best_view(cut).number == best_view(full).number  # type: ignore[union-attr]
+    assert [c.full_seconds for c in cut_ex.costs] == [c.seconds for c in full_ex.costs]
+    assert cut_ex.spent_s < full_ex.spent_s
+
+
+def test_stopped_trials_of_a_study_are_measured_not_infeasible_and_never_the_best(tmp_path: Path) -> None:
+    setup = _setup()
+    study, ex = _tpe_study(tmp_path, setup, 12)
+    trials = study.get_trials()
+    stopped = [t for t in trials if t.user_attrs.get("outcome") == "stopped"]
+    assert stopped and len(trials) == 12  # stopped trials count against the budget
+    best = best_view(study)
+    assert best is not None and study.trials[best.number].user_attrs["outcome"] == "ok"
+    costs = {c.number: c for c in ex.costs}
+    for t in stopped:
+        assert t.state == TrialState.PRUNED and t.constraints["failure"] < 0  # TPE: below complete, not infeasible
+        assert t.intermediate_values and not t.user_attrs["feasible"]
+        assert t.user_attrs["early_stop"]["bound"] < t.user_attrs["early_stop"]["beat"] <= best.value
+        assert costs[t.number].seconds < costs[t.number].full_seconds
+    # The bench's trace counts them as stopped (not infeasible) and what they saved.
+    trace = _trace(StudyTask(setup, "autotune", 1, 12, 1.0), sorted(trials, key=lambda t: t.number), ex, _Clock(ex))
+    assert sum(trace.stopped) == len(stopped) and not any(a and b for a, b in zip(trace.stopped, trace.infeasible))
+    s = summarize([trace], trials=12, gpus=8)
+    assert s["stopped_share"]["median"] == len(stopped) / 12
+    assert s["gpu_hours_saved"]["median"] == pytest.approx(
+        sum(costs[t.number].full_seconds - costs[t.number].seconds for t in stopped) * 8 / 3600)
 
 
 def test_objectives_the_model_cannot_measure_are_refused() -> None:
