@@ -499,7 +499,7 @@ class Driver:
         if early_stop_applies(self.objective) and not is_baseline and not trial.user_attrs.get("ablation"):
             # (the reference runs are measured to the end)
             measured = [v.value for v in trial_views(study) if v.value is not None]
-            beat, beat_why = value_to_beat(measured, len(finished_trials(study)),
+            beat, beat_why = value_to_beat(measured, self.budget_trials,
                                            maximize=self.objective.direction == "maximize")
         spec = TrialSpec(trial.number, env=launch.env, args=launch.args, ready_timeout_s=timeout,
                          ready_timeout_reason=why, beat_value=beat, beat_reason=beat_why)

@@ -1,4 +1,4 @@
-"""Early stopping inside a trial: a load whose optimistic bound cannot beat the best so far stops.
+"""Early stopping inside a trial: a load whose optimistic bound cannot beat the best trials so far stops.
 
 A trial's benchmark load costs GPU time after the start-up; a configuration that is clearly
 worse than the best trials so far need not finish its load to show it. The runner (a real load,
@@ -44,26 +44,28 @@ in flight included, token by token):
 The trial stops when the bound is below the value to beat less :data:`NOISE` (a contender within
 the noise of it is measured to the end), and only with evidence that the server serves: at least
 :data:`EVIDENCE_SHARE` of the work delivered for the hard bound, and :data:`MIN_SHARE` for the
-extrapolated one (before that the rate is not yet representative). With both shares, a trial
-that would have beaten the value is never stopped unless the rest of its load would run more
-than ``MARGIN`` faster than anything it had shown.
+extrapolated one (before that the rate is not yet representative); and not after
+:data:`LAST_SHARE` of it, when the rest saves little and the value is worth more measured. With
+these shares, a trial that would have beaten the value is never stopped unless the rest of its
+load would run more than ``MARGIN`` faster than anything it had shown.
 
 The value to beat
 -----------------
 
-Not always the best so far: :func:`value_to_beat` is the value a trial must beat to be one of
-the *good* trials of Optuna's TPE, the ``k``-th best measured one with ``k`` TPE's good share of
-the finished trials (:data:`GOOD_SHARE`, at most :data:`GOOD_MAX`: Optuna's ``default_gamma``);
-the best itself while fewer than ten trials finished. TPE splits the finished trials into good
-and poor by that rank and models each group from its members' parameters alone, and it ranks a
-PRUNED trial below *every* complete one, whatever its intermediate values. So a trial stopped
-below that value would have been one of the poor trials measured to its end too: TPE proposes
-exactly what it would have without early stopping, and the study is the same search, cheaper.
-Against the best itself, the many trials between the best and the k-th best would be stopped
-too, and TPE's good group filled up with the study's poorest measured trials (measured with
-`autotune bench tuner` on the ``quick`` objective: in one study 54 of 60 trials stopped or
-infeasible, 6 measured, all six "good"). With fewer measured trials than ``k`` nothing is
-stopped.
+Not the best so far: :func:`value_to_beat` is the value a trial must beat to be, at any point
+of the study, one of the *good* trials of Optuna's TPE -- the ``k``-th best measured value, ``k``
+TPE's good share of the study's whole budget (:data:`GOOD_SHARE` of its trials, at most
+:data:`GOOD_MAX`: Optuna's ``default_gamma`` at the last trial, the largest it gets; 6 for 60
+trials). TPE splits the finished trials into good and poor by rank and models each group from
+its members' parameters alone, and it ranks a PRUNED trial below *every* complete one, whatever
+its intermediate values. A trial stopped below that value would have been one of the poor
+trials measured to its end too, then and at every later trial (the ``k``-th best only rises):
+TPE proposes exactly what it would have without early stopping, and the study is the same
+search, cheaper. Against the best itself, the trials between the best and the ``k``-th best
+would be stopped too, and TPE's good group filled with the study's poorer measured trials
+instead (measured with `autotune bench tuner` on the ``quick`` objective: in one study 54 of 60
+trials stopped or infeasible, the 6 measured all "good"). With fewer measured trials than ``k``
+nothing is stopped.
 
 Intermediate values
 -------------------
@@ -84,8 +86,8 @@ from typing import Any
 from autotune.loadgen import LoadProgress
 from autotune.objective import Objective
 
-__all__ = ["BOUNDED_METRICS", "EVIDENCE_SHARE", "EarlyStop", "GOOD_MAX", "GOOD_SHARE", "MARGIN", "MIN_SHARE", "NOISE",
-           "PEAK_SPAN", "STEPS", "StopRule", "applies", "optimistic_bound", "value_to_beat", "work"]
+__all__ = ["BOUNDED_METRICS", "EVIDENCE_SHARE", "EarlyStop", "GOOD_MAX", "GOOD_SHARE", "LAST_SHARE", "MARGIN",
+           "MIN_SHARE", "NOISE", "PEAK_SPAN", "STEPS", "StopRule", "applies", "optimistic_bound", "value_to_beat", "work"]
 
 BOUNDED_METRICS: dict[str, str] = {
     "output_throughput": "output tokens",
@@ -95,6 +97,8 @@ BOUNDED_METRICS: dict[str, str] = {
 """The metrics a trial may be stopped on, with the work each one counts."""
 MIN_SHARE = 0.25
 """Share of the load's work delivered before the extrapolated bound may stop a trial."""
+LAST_SHARE = 0.9
+"""Share of the load's work after which a trial runs to its end."""
 EVIDENCE_SHARE = 0.05
 """Share of the work delivered before even the hard bound may stop a trial: a server that has
 delivered nothing may be hanging, and that is for the request timeouts to decide (infeasible)."""
@@ -135,19 +139,18 @@ def work(metric: str, p: LoadProgress) -> tuple[float, float]:
     raise KeyError(f"no early-stopping bound for metric '{metric}' (bounded: {', '.join(BOUNDED_METRICS)})")
 
 
-def value_to_beat(measured: Sequence[float], finished: int, *, maximize: bool = True) -> tuple[float | None, str]:
+def value_to_beat(measured: Sequence[float], budget: int | None, *, maximize: bool = True) -> tuple[float | None, str]:
     """The value the next trial must be able to beat to go on (module docstring), and why: from
-    the values of the trials measured so far and the number of trials finished (measured,
-    stopped or infeasible; the next one included as TPE will count it). None: nothing is stopped
-    (fewer measured trials than TPE's good ones)."""
-    k = min(math.ceil(GOOD_SHARE * (finished + 1)), GOOD_MAX)
+    the values of the trials measured so far and the study's budget in trials (None: a budget in
+    hours, :data:`GOOD_MAX` good trials). None: nothing is stopped (fewer measured trials than
+    TPE's good ones)."""
+    k = GOOD_MAX if budget is None else max(1, min(math.ceil(GOOD_SHARE * budget), GOOD_MAX))
     ranked = sorted(measured, reverse=maximize)
-    if k < 1 or len(ranked) < k:
+    if len(ranked) < k:
         return None, ""
     if k == 1:
         return ranked[0], "the best so far"
-    return ranked[k - 1], (f"the {_ordinal(k)} best of {len(ranked)} measured trials (TPE's good ones: the best "
-                           f"{k} of {finished + 1})")
+    return ranked[k - 1], f"the {_ordinal(k)} best so far (TPE's good trials: the best {k})"
 
 
 def _ordinal(n: int) -> str:
@@ -230,7 +233,7 @@ class StopRule:
         step = int(share * STEPS + 1e-9) * (100 // STEPS)
         if step and step not in self.intermediate:
             self.intermediate[step] = projected
-        if self.beat is None or share < EVIDENCE_SHARE:
+        if self.beat is None or not EVIDENCE_SHARE <= share <= LAST_SHARE:
             return None
         bound = optimistic_bound(t, done, total, self.peak)
         if bound < self.beat * (1.0 - NOISE):

@@ -46,7 +46,7 @@ FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 _OUTCOME_WORDS = {
     "ok": "ok: measured",
-    "stopped": "stopped: measured until it could not beat the best so far (not infeasible)",
+    "stopped": "stopped: measured until it could not beat the best trials so far (not infeasible)",
     "infeasible": "infeasible: the configuration failed",
     "fault": "fault: the infrastructure failed (not the configuration's fault; run again)",
 }

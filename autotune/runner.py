@@ -36,7 +36,7 @@ from autotune.secrets import Redactor
 from autotune.stopping import StopRequest
 
 Outcome = Literal["ok", "stopped", "infeasible", "fault"]
-"""ok: measured; stopped: measured until it could not beat the best so far (early stopping);
+"""ok: measured; stopped: measured until it could not beat the best trials so far (early stopping);
 infeasible: the configuration failed; fault: the infrastructure failed."""
 PhaseCallback = Callable[[str, str], None]
 """Called as ``on_phase(phase, detail)`` with phase launching | launched | warming | measuring |

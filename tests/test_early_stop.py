@@ -10,6 +10,7 @@ import pytest
 from autotune.early_stop import (
     EVIDENCE_SHARE,
     GOOD_MAX,
+    LAST_SHARE,
     MARGIN,
     MIN_SHARE,
     NOISE,
@@ -106,11 +107,12 @@ def test_a_contender_within_the_noise_of_the_value_is_measured_to_the_end() -> N
     assert stop is None and final < 500.0 / (1 - NOISE / 2)
 
 
-def test_the_closer_to_the_value_the_later_the_stop() -> None:
+def test_the_closer_to_the_value_the_later_the_stop_and_the_last_tenth_runs_to_its_end() -> None:
     _, far, _ = _run(_phases((1.0, 500.0)), beat=500.0 / 0.75)
     _, near, _ = _run(_phases((1.0, 500.0)), beat=500.0 / 0.95)
-    assert far is not None and near is not None
-    assert far.share < near.share < 1
+    _, nearer, _ = _run(_phases((1.0, 500.0)), beat=500.0 / 0.97)  # its bound falls below at 92%
+    assert far is not None and near is not None and nearer is None
+    assert far.share < near.share <= LAST_SHARE
 
 
 def test_the_hard_bound_stops_a_very_slow_load_before_the_minimum_share() -> None:
@@ -136,16 +138,16 @@ def test_without_a_value_to_beat_nothing_stops_and_each_tenth_has_its_projected_
     assert rule.intermediate[100] == pytest.approx(final, rel=0.02)
 
 
-def test_the_value_to_beat_is_the_last_of_tpes_good_trials() -> None:
-    measured = [float(v) for v in range(100, 0, -1)]  # 100 .. 1
-    # TPE's good trials: the best ceil(0.1 x finished), the next trial counted, at most 25.
-    assert value_to_beat(measured[:5], 9) == (100.0, "the best so far")  # 10 finished: the best one
-    beat, why = value_to_beat(measured[:8], 19)  # 20 finished: the best 2
-    assert beat == 99.0 and why.startswith("the 2nd best of 8 measured")
-    assert value_to_beat(measured, 1000)[0] == 100.0 - (GOOD_MAX - 1)
-    assert value_to_beat(measured[:2], 29) == (None, "")  # fewer measured than TPE's 3 good ones
-    assert value_to_beat([], 0) == (None, "")
-    assert value_to_beat([3.0, 1.0, 2.0], 0, maximize=False)[0] == 1.0
+def test_the_value_to_beat_is_the_last_of_tpes_good_trials_at_the_end_of_the_budget() -> None:
+    measured = [float(v) for v in range(100, 0, -1)]  # 100 .. 1, in any order
+    # TPE's good trials at the last trial: the best ceil(0.1 x budget), at most 25.
+    assert value_to_beat(measured[:5], 10) == (100.0, "the best so far")  # 1 good trial in 10
+    beat, why = value_to_beat(measured[::-1], 60)
+    assert beat == 95.0 and why.startswith("the 6th best")
+    assert value_to_beat(measured, 1000)[0] == value_to_beat(measured, None)[0] == 100.0 - (GOOD_MAX - 1)
+    assert value_to_beat(measured[:5], 60) == (None, "")  # fewer measured than TPE's 6 good ones
+    assert value_to_beat([], 1) == (None, "")
+    assert value_to_beat([3.0, 1.0, 2.0], 20, maximize=False)[0] == 2.0
 
 
 def test_optimistic_bound() -> None:
