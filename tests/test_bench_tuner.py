@@ -137,6 +137,28 @@ def test_a_clearly_worse_trial_stops_early_and_costs_only_its_time_until_then() 
     assert off.result(spec).outcome == "ok"
 
 
+@pytest.mark.parametrize("scenario, draws", [(GLM, 40), (KIMI, 200)])  # KIMI: most configurations crash
+def test_no_configuration_is_stopped_against_a_value_it_beats(scenario: str, draws: int) -> None:
+    """The bound holds on the model's own timelines: random configurations of the space, each
+    against a value to beat just below its own final value, all run to their end; against twice
+    that value, each stops."""
+    setup = _setup(scenario)
+    ex = setup.executor(3)
+    probe = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=5))
+    measured = 0
+    for _ in range(draws):
+        launch = setup.space.to_launch(probe.ask(setup.space.distributions()).params)  # rules repaired
+        spec = TrialSpec(0, env=launch.env, args=launch.args, ready_timeout_s=LONG)
+        full = ex.result(spec)
+        if full.outcome != "ok":
+            continue
+        measured += 1
+        value = full.metrics["output_throughput"]
+        assert ex.result(dataclasses.replace(spec, beat_value=value * 0.9999)).outcome == "ok"
+        assert ex.result(dataclasses.replace(spec, beat_value=value * 2)).outcome == "stopped"
+    assert measured >= 5
+
+
 def _tpe_study(tmp_path: Path, setup: Setup, trials: int) -> tuple[optuna.Study, ModelExecutor]:
     """A study of Optuna's own multivariate TPE (as Optuna ships it: the property below is TPE's)."""
     cfg = setup.config(name=f"stops-{setup.early_stop}", storage=f"sqlite:///{tmp_path}/stops-{setup.early_stop}.db",
