@@ -164,7 +164,7 @@ def print_report(doc: dict[str, Any], out: Console) -> None:
                                   for k in keys],
                          *[_q(s["gpu_hours_to"][k], "{:.1f}") for k in keys],
                          _q(s["stopped_share"], pct=True),
-                         f"{_q(s['gpu_hours_saved'], '{:.1f}')} ({_q(s['gpu_hours_saved_share'], pct=True)})")
+                         f"{_q(s['gpu_hours_saved'], '{:.1f}')} ({_q(s['gpu_hours_saved_share'], '{:.1%}')})")
         out.print(cost)
         for goal, g in sc.get("goals", {}).items():
             verdict = {True: "met", False: "NOT met", None: "not measured"}[g["met"]]

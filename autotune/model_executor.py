@@ -71,11 +71,7 @@ class TrialCost:
     outcome: str
     kind: str | None
     seconds: float
-    full_seconds: float = -1.0
-
-    def __post_init__(self) -> None:
-        if self.full_seconds < 0:
-            object.__setattr__(self, "full_seconds", self.seconds)
+    full_seconds: float
 
 
 def model_workload(objective: Objective) -> Workload:
