@@ -10,8 +10,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
@@ -19,7 +21,7 @@ import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from autotune.bench_tuner import BENCH_ENV, Setup, StudyTask, StudyTrace, _Clock, _trace, summarize
+from autotune.bench_tuner import BENCH_ENV, Setup, StudyTask, StudyTrace, _Clock, _trace, scratch_dir, summarize
 from autotune.driver import Driver, make_sampler
 from autotune.errors import UsageError
 from autotune.model_executor import ModelExecutor, model_workload
@@ -159,25 +161,32 @@ def test_no_configuration_is_stopped_against_a_value_it_beats(scenario: str, dra
     assert measured >= 5
 
 
-def _tpe_study(tmp_path: Path, setup: Setup, trials: int) -> tuple[optuna.Study, ModelExecutor]:
+def _tpe_study(folder: Path, setup: Setup, trials: int, seed: int) -> tuple[optuna.Study, ModelExecutor]:
     """A study of Optuna's own multivariate TPE (as Optuna ships it: the property below is TPE's)."""
-    cfg = setup.config(name=f"stops-{setup.early_stop}", storage=f"sqlite:///{tmp_path}/stops-{setup.early_stop}.db",
-                       sampler="tpe", seed=1, trials=trials)
-    ex = ModelExecutor.for_target(cfg, setup.objective, seed=1)
+    cfg = setup.config(name=f"stops-{setup.early_stop}", storage=f"sqlite:///{folder}/stops-{setup.early_stop}.db",
+                       sampler="tpe", seed=seed, trials=trials)
+    ex = ModelExecutor.for_target(cfg, setup.objective, seed=seed)
     tpe = lambda seed: optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8)  # noqa: E731
     return Driver(cfg, setup.space, setup.objective, ex, trials=trials, sampler=tpe).run().study, ex
 
 
-def test_stopped_trials_are_measured_not_infeasible_and_tpe_runs_the_same_search(tmp_path: Path) -> None:
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    """A folder where the bench puts its SQLite files (/dev/shm when it has room): fast to write."""
+    folder = Path(scratch_dir())
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_stopped_trials_are_measured_not_infeasible_and_tpe_runs_the_same_search(scratch: Path) -> None:
     """A trial stopped below the value to beat would have been one of TPE's poor trials measured
     to its end too: with the same seed and noise, TPE proposes the same trials, for less time."""
-    # objectives/throughput.yaml: a load of minutes, after start-ups of minutes
-    full, full_ex = _tpe_study(tmp_path, Setup(GLM, "sglang_nccl", "throughput", None, early_stop=False), 20)
-    setup = Setup(GLM, "sglang_nccl", "throughput", None)
-    study, ex = _tpe_study(tmp_path, setup, 20)  # TPE has 2 good trials of 20: the value to beat is the 2nd best
+    full, full_ex = _tpe_study(scratch, Setup(GLM, "sglang_nccl", "quick", None, early_stop=False), 14, seed=5)
+    setup = _setup()
+    study, ex = _tpe_study(scratch, setup, 14, seed=5)  # TPE has 2 good trials of 14: the value to beat is the 2nd best
     trials = study.get_trials()
     stopped = [t for t in trials if t.user_attrs.get("outcome") == "stopped"]
-    assert len(stopped) >= 2 and len(trials) == 20  # stopped trials count against the budget
+    assert len(stopped) >= 2 and len(trials) == 14  # stopped trials count against the budget
     assert [t.params for t in trials] == [t.params for t in full.get_trials()]
     best = best_view(study)
     assert best is not None and best.number == best_view(full).number  # type: ignore[union-attr]
@@ -191,10 +200,10 @@ def test_stopped_trials_are_measured_not_infeasible_and_tpe_runs_the_same_search
         assert t.user_attrs["early_stop"]["bound"] < t.user_attrs["early_stop"]["beat"] <= best.value
         assert costs[t.number].seconds < costs[t.number].full_seconds
     # The bench's trace counts them as stopped (not infeasible) and what they saved.
-    trace = _trace(StudyTask(setup, "autotune", 1, 20, 1.0), sorted(trials, key=lambda t: t.number), ex, _Clock(ex))
+    trace = _trace(StudyTask(setup, "autotune", 5, 14, 1.0), sorted(trials, key=lambda t: t.number), ex, _Clock(ex))
     assert sum(trace.stopped) == len(stopped) and not any(a and b for a, b in zip(trace.stopped, trace.infeasible))
-    s = summarize([trace], trials=20, gpus=8)
-    assert s["stopped_share"]["median"] == len(stopped) / 20
+    s = summarize([trace], trials=14, gpus=8)
+    assert s["stopped_share"]["median"] == len(stopped) / 14
     assert s["gpu_hours_saved"]["median"] == pytest.approx((full_ex.spent_s - ex.spent_s) * 8 / 3600)
 
 
