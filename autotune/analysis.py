@@ -11,9 +11,9 @@ A rule is a conjunction of one or two conditions on the *applied* parameter valu
 ``P >= x`` / ``P <= x`` for a numeric parameter, or over the numbers of a categorical one such as
 ``[unset, 2, 4]``; ``x`` an observed value) and predicts one failure kind:
 ``NCCL_ALGO=Tree -> nccl-error (4 of 4)`` says 4 finished trials had Tree set and all 4 failed
-with ``nccl-error``. Finished trials are the measured ones (``ok``; an SLO violation is measured,
-not a crash) and the failed ones (``infeasible``); faults are the infrastructure's and say nothing
-about a configuration. The rules are a minimal explanation of the failures, found for each
+with ``nccl-error``. Finished trials are the measured ones (``ok``, and ``stopped``: a load
+stopped early ran fine; an SLO violation is measured, not a crash) and the failed ones
+(``infeasible``); faults are the infrastructure's and say nothing about a configuration. The rules are a minimal explanation of the failures, found for each
 failure kind K by sequential greedy set cover:
 
 1. What counts against a rule of kind K among the trials it covers: a success 1; a failure of
@@ -48,8 +48,9 @@ Importance (:func:`importance`)
 -------------------------------
 
 For each parameter, the share of a target's variance that *only it* accounts for, for the
-objective over the feasible trials and for feasibility (1 ok, 0 otherwise) over all finished
-trials; in a multi-objective study for each objective too (``importance.objectives``, in order;
+objective over the feasible trials measured to the end (a ``stopped`` trial has no final value,
+only a bound) and for feasibility (1 ok or stopped, 0 otherwise) over all finished trials; in a
+multi-objective study for each objective too (``importance.objectives``, in order;
 ``importance.objective`` is the first's). The model is additive over the parameters' groups (the values of a categorical one;
 quantile bins of a numeric one, 2 to 5 with the number of trials), fitted by backfitting with
 group means shrunk by one pseudo-trial. A parameter's share is the residual sum of squares the
@@ -229,8 +230,12 @@ def _crashed(v: TrialView) -> bool:
     return v.outcome == "infeasible" and (v.failure_kind or "") not in NOT_A_CRASH
 
 
+MEASURED = ("ok", "stopped")
+"""Outcomes of a configuration that ran: measured to the end, or until it could not win."""
+
+
 def _finished(views: Sequence[TrialView]) -> list[TrialView]:
-    return [v for v in views if v.outcome in ("ok", "infeasible")]
+    return [v for v in views if v.outcome in (*MEASURED, "infeasible")]
 
 
 def candidate_conditions(rows: Sequence[TrialView]) -> tuple[list[Condition], np.ndarray]:
@@ -636,7 +641,8 @@ def importance(views: Sequence[TrialView]) -> dict[str, Any]:
     feasible = [v for v in rows if v.outcome == "ok" and v.value is not None]
     objective = importance_of([v.params for v in feasible], [float(v.value) for v in feasible],  # type: ignore[arg-type]
                               relative=True)
-    feas = importance_of([v.params for v in rows], [1.0 if v.outcome == "ok" else 0.0 for v in rows], relative=False)
+    feas = importance_of([v.params for v in rows], [1.0 if v.outcome in MEASURED else 0.0 for v in rows],
+                         relative=False)
     method = (f"share of the variance only this parameter accounts for in an additive model over all parameters "
               f"(backfitting, bias-corrected), bootstrap over trials "
               f"({RESAMPLES} resamples, {INTERVAL[0]:g}-{INTERVAL[1]:g} % interval)")

@@ -55,6 +55,8 @@ def tuner(
     scratch: Optional[Path] = typer.Option(None, "--scratch", help="Folder for the studies' SQLite files (default: /dev/shm, else the temp folder)."),
     optimum_points: Optional[int] = typer.Option(None, "--optimum-points", metavar="N",
                                                  help="Random configurations the optimum's dense search starts from (default 3000)."),
+    no_early_stop: bool = typer.Option(False, "--no-early-stop",
+                                       help="Run every trial's load to its end (the objective's early_stop off)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
 ) -> None:
     """Compare search strategies in trials and simulated GPU-hours: whole studies with the real
@@ -68,7 +70,7 @@ def tuner(
         strategies=_names([strategies]) if strategies is not None else STRATEGIES,
         space=space, objective=objective, trials=trials, seeds=seeds,
         jobs=jobs if jobs is not None else (os.cpu_count() or 1),
-        noise=noise, scratch=str(scratch) if scratch is not None else None,
+        noise=noise, scratch=str(scratch) if scratch is not None else None, early_stop=not no_early_stop,
         **({"optimum_points": optimum_points} if optimum_points is not None else {}),
     )
     err = Console(stderr=True)
@@ -155,10 +157,14 @@ def print_report(doc: dict[str, Any], out: Console) -> None:
             cost.add_column(f"trials to {k}%", justify="right")
         for k in keys:
             cost.add_column(f"GPU-h to {k}%", justify="right")
+        cost.add_column("stopped early", justify="right")
+        cost.add_column("GPU-h saved", justify="right")
         for strat, s in per.items():
             cost.add_row(strat, *[f"{_q(s['trials_to'][k], '{:.0f}')} ({s['trials_to'][k]['reached']}/{s['runs']})"
                                   for k in keys],
-                         *[_q(s["gpu_hours_to"][k], "{:.1f}") for k in keys])
+                         *[_q(s["gpu_hours_to"][k], "{:.1f}") for k in keys],
+                         _q(s["stopped_share"], pct=True),
+                         f"{_q(s['gpu_hours_saved'], '{:.1f}')} ({_q(s['gpu_hours_saved_share'], '{:.1%}')})")
         out.print(cost)
         for goal, g in sc.get("goals", {}).items():
             verdict = {True: "met", False: "NOT met", None: "not measured"}[g["met"]]

@@ -19,7 +19,11 @@ Scores, per study:
   including it: each trial's :class:`~autotune.model_executor.ModelExecutor` cost x the
   scenario's GPUs) after which that score is >= p; a study that never gets there within its
   budget counts as not reached (infinite);
-- *infeasible share*: infeasible trials over all trials, and over the trials after the 10th.
+- *infeasible share*: infeasible trials over all trials, and over the trials after the 10th;
+- *stopped share* and *GPU-hours saved*: trials whose load stopped early
+  (:mod:`autotune.early_stop`; a stopped trial costs its simulated time until it stopped) over
+  all trials, and the GPU-hours their whole loads would have cost more (``TrialCost.full_seconds``),
+  in hours and as a share of what the study would have cost.
 
 Over the seeds: median and quartiles (linear interpolation; a quartile that falls on a run that
 never reached is infinite, ``null`` in JSON), and how many runs reached.
@@ -27,6 +31,7 @@ never reached is infinite, ``null`` in JSON), and how many runs reached.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -86,6 +91,8 @@ class Setup:
     space_name: str
     objective_name: str
     noise: float | None
+    early_stop: bool = True
+    """False: the objective's ``early_stop`` off (every load runs to its end)."""
 
     @property
     def space(self) -> SearchSpace:
@@ -93,7 +100,8 @@ class Setup:
 
     @property
     def objective(self) -> Objective:
-        return _objective(self.objective_name)
+        obj = _objective(self.objective_name)
+        return obj if self.early_stop else dataclasses.replace(obj, early_stop=False)
 
     @property
     def scenario(self) -> Scenario:
@@ -342,6 +350,10 @@ class StudyTrace:
     seconds: list[float] = field(default_factory=list)
     """Each trial's simulated cost."""
     infeasible: list[bool] = field(default_factory=list)
+    stopped: list[bool] = field(default_factory=list)
+    """Each trial: whether its load stopped early."""
+    full_seconds: list[float] = field(default_factory=list)
+    """Each trial's simulated cost had its load not stopped early."""
     kinds: list[str | None] = field(default_factory=list)
     driver_s: list[float] = field(default_factory=list)
     """The driver's own real time for each trial (its wall time less the model's), from the
@@ -429,10 +441,12 @@ def _trace(task: StudyTask, trials: Sequence[optuna.trial.FrozenTrial], ex: Mode
             continue
         cost = costs[t.number]
         trace.seconds.append(cost.seconds)
-        trace.infeasible.append(t.state != TrialState.COMPLETE)
+        trace.full_seconds.append(cost.full_seconds)
+        trace.infeasible.append(t.user_attrs.get("outcome") == "infeasible")
+        trace.stopped.append(t.user_attrs.get("outcome") == "stopped")
         trace.kinds.append(cost.kind)
         trace.confirmations += int("confirms" in t.user_attrs)
-        if t.state == TrialState.COMPLETE and t.value is not None:
+        if t.user_attrs.get("outcome") == "ok" and t.value is not None:
             seen.append(view(t))
             best = best_of(seen, ev.maximize)
             assert best is not None
@@ -477,6 +491,8 @@ class BenchOptions:
     """Where the studies' SQLite files go (default: /dev/shm when it has room, else the temp folder)."""
     optimum_points: int = OPTIMUM_RANDOM
     """Random configurations the optimum's dense search starts from (:func:`find_optimum`)."""
+    early_stop: bool = True
+    """False: the objective's ``early_stop`` off, every trial's load runs to its end."""
 
 
 def check_options(opts: BenchOptions) -> list[Setup]:
@@ -510,7 +526,7 @@ def check_options(opts: BenchOptions) -> list[Setup]:
     for name in opts.scenarios:
         if name not in list_scenarios() and not Path(name).is_file():
             raise UsageError(f"unknown scenario '{name}' (built-in: {', '.join(list_scenarios())})")
-        setup = Setup(name, opts.space, opts.objective, opts.noise)
+        setup = Setup(name, opts.space, opts.objective, opts.noise, opts.early_stop)
         if setup.objective.multi:
             raise UsageError(f"objective {setup.objective.name} has {len(setup.objective.goals)} objectives: the tuner "
                              "benchmark compares strategies on one objective (give an objective with one metric)")
@@ -629,6 +645,11 @@ def summarize(traces: Sequence[StudyTrace], trials: int, gpus: int) -> dict[str,
     within = min(40, trials)
     out["never_90"] = {"within": within, "runs": sum(_first(t.ratio[:within], 0.90) is None for t in traces)}
     out["gpu_hours_total"] = quartiles([sum(t.seconds) * gpus / 3600 for t in traces])
+    out["stopped_share"] = quartiles([sum(t.stopped) / len(t.seconds) for t in traces])
+    saved = [(sum(t.full_seconds or t.seconds) - sum(t.seconds)) * gpus / 3600 for t in traces]
+    out["gpu_hours_saved"] = quartiles(saved)
+    out["gpu_hours_saved_share"] = quartiles([s / (s + sum(t.seconds) * gpus / 3600) if s > 0 else 0.0
+                                              for s, t in zip(saved, traces)])
     out["driver_ms_per_trial"] = quartiles([1000 * sum(t.driver_s) / len(t.driver_s) for t in traces if t.driver_s])
     tail = [t.driver_s[-max(1, len(t.driver_s) // 10):] for t in traces if t.driver_s]
     out["driver_ms_per_trial_last_tenth"] = quartiles([1000 * sum(x) / len(x) for x in tail])
@@ -667,7 +688,7 @@ def report(opts: BenchOptions, setups: Sequence[Setup], optima: dict[str, Optimu
         "options": {"scenarios": list(opts.scenarios), "strategies": list(opts.strategies), "space": opts.space,
                     "objective": opts.objective, "trials": opts.trials, "seeds": opts.seeds, "jobs": opts.jobs,
                     "noise": opts.noise, "scratch": opts.scratch or default_scratch(),
-                    "optimum_points": opts.optimum_points},
+                    "optimum_points": opts.optimum_points, "early_stop": opts.early_stop},
         "scenarios": scenarios,
         "wall_s": round(wall_s, 1),
     }

@@ -392,17 +392,18 @@ def study_list(storage: str = StorageOpt, as_json: bool = typer.Option(False, "-
         rows.append({"study": s.study_name, "trials": len(views),
                      "feasible": sum(v.value is not None for v in views),
                      "infeasible": sum(v.outcome == "infeasible" for v in views),
+                     "stopped": sum(v.outcome == "stopped" for v in views),
                      "best": None if best is None else best.value,
                      "created": s.user_attrs.get("created")})
     if as_json:
         _print_json(rows)
         return
     table = Table(title=Text(f"studies in {storage}"))
-    for col in ("study", "trials", "feasible", "infeasible", "best", "created"):
+    for col in ("study", "trials", "feasible", "infeasible", "stopped", "best", "created"):
         table.add_column(col)
     for r in rows:  # Text cells: a study name is never read as markup
         table.add_row(*(Text("" if r[c] is None else f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c])) for c in
-                        ("study", "trials", "feasible", "infeasible", "best", "created")))
+                        ("study", "trials", "feasible", "infeasible", "stopped", "best", "created")))
     _out.print(table)
 
 

@@ -5,6 +5,14 @@ launch by the search space, run by the executor (which returns a plain ``TrialRe
 
 - ok: COMPLETE with the objective value (a multi-objective study: every objective's value, in
   order); constraints <= 0.
+- stopped (measured until its load could not beat the value to beat: :mod:`autotune.early_stop`;
+  the driver hands each trial but the baseline and ablation runs
+  :func:`~autotune.early_stop.value_to_beat` in its spec, the value a trial must beat to be one
+  of TPE's good trials): not infeasible (constraints <= 0), its projected values reported as
+  intermediate values and told PRUNED, which TPE ranks below every complete trial and above every
+  infeasible one (with the GP sampler, COMPLETE at its last projected value). It counts against
+  the budget, has no value and is never the best (user attr ``feasible`` is false: it has no
+  final value).
 - infeasible (the configuration's fault): constraint ``failure`` > 0 (or an SLO constraint > 0).
   With TPE it is told PRUNED (TPE ranks it below every feasible trial); with the GP sampler
   COMPLETE with every constraint key present, as each sampler needs to learn from it.
@@ -46,6 +54,7 @@ from optuna.trial import TrialState
 
 from autotune import confirmation
 from autotune.config import StudyConfig
+from autotune.early_stop import applies as early_stop_applies, value_to_beat
 from autotune.errors import UsageError
 from autotune.executors import Executor, host_for
 from autotune.implied import MAX_SKIPS_IN_A_ROW, SKIPPED, Implication, implied_failure
@@ -66,7 +75,7 @@ from autotune.slots import Slot, SlotPool
 from autotune.space import SearchSpace
 from autotune.stopping import StopRequest, handle_signals
 from autotune.storage import artifact_dir, check_storage, open_storage
-from autotune.study_view import best_view, measured_configs, view
+from autotune.study_view import best_view, measured_configs, trial_views, view
 
 FAILURE_CONSTRAINT = "failure"
 WAIT_S = 1.0
@@ -511,8 +520,15 @@ class Driver:
             [float(t.user_attrs["startup_s"]) for t in study.get_trials(deepcopy=False)
              if t.user_attrs.get("startup_s") is not None],
             cap_s=target.ready_timeout_s, factor=target.startup_timeout_factor, floor_s=target.startup_timeout_floor_s)
+        beat, beat_why = None, ""
+        if (early_stop_applies(self.objective) and not is_baseline and not trial.user_attrs.get("ablation")
+                and "confirms" not in trial.user_attrs):
+            # (the reference runs and the confirmation runs are measured to the end)
+            measured = [v.value for v in trial_views(study) if v.value is not None]
+            beat, beat_why = value_to_beat(measured, self.budget_trials,
+                                           maximize=self.objective.direction == "maximize")
         spec = TrialSpec(trial.number, env=launch.env, args=launch.args, ready_timeout_s=timeout,
-                         ready_timeout_reason=why)
+                         ready_timeout_reason=why, beat_value=beat, beat_reason=beat_why)
         last = {"phase": ""}
 
         def on_phase(phase: str, detail: str, trial: optuna.Trial = trial) -> None:
@@ -695,6 +711,7 @@ class Driver:
             "server_info": _compact_info(result.server_info),
             "secret_env": list(result.secret_env),
             "secret_args": {str(i): n for i, n in sorted(result.secret_args.items())},
+            "early_stop": result.early_stop.to_json() if result.early_stop is not None else None,
         }
         for key, val in attrs.items():
             trial.set_user_attr(key, val)
@@ -727,10 +744,16 @@ class Driver:
             trial.set_user_attr("failure_message", self.objective.missing(result.metrics))
             result.outcome = "infeasible"
         mirror_constraints(trial)  # optuna-dashboard does not show set_constraint values
+        if result.outcome in ("ok", "stopped") and not self.objective.multi:
+            for step, projected in sorted(result.intermediate.items()):
+                trial.report(projected, step)
         if result.outcome == "ok" and values is not None:
             study.tell(trial, values if self.objective.multi else values[0])
             return values[0]
-        self._tell_unmeasured(study, trial, result.metrics)
+        metrics = dict(result.metrics)
+        if result.early_stop is not None and not self.objective.multi:
+            metrics[self.objective.metric] = result.early_stop.projected  # GP learns its projection
+        self._tell_unmeasured(study, trial, metrics)
         return None
 
     def _tell_unmeasured(self, study: optuna.Study, trial: optuna.Trial, metrics: Mapping[str, float]) -> None:

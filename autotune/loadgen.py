@@ -44,6 +44,13 @@ Request fields that not every server accepts (``ignore_eos``, ``stream_options``
 a server answers an HTTP error naming one (transformers serve: HTTP 422 ``Unexpected fields in
 the request: {'ignore_eos'}``); that request is sent again without the field, and so is every
 later one of the run.
+
+Progress (:class:`LoadProgress`, to ``on_progress``) is counted token by token as the streams
+deliver, requests in flight included, so that a caller can judge a run before it ends (early
+stopping, :mod:`autotune.early_stop`): SGLang reports the cumulative token count with every chunk;
+for OpenAI, whose streams carry no count until the end, a request in flight counts its generation
+chunks times the tokens per chunk of the requests completed so far (warm-up included; 1 before
+any completed). A failed request's tokens leave the count. The final metrics do not depend on it.
 """
 
 from __future__ import annotations
@@ -62,7 +69,7 @@ import numpy as np
 
 from autotune._words import COMMON_WORDS as _WORDS
 
-__all__ = ["LoadError", "LoadResult", "Workload", "run_load", "run_load_sync"]
+__all__ = ["LoadError", "LoadProgress", "LoadResult", "Workload", "run_load", "run_load_sync"]
 
 _MAX_ERRORS = 5
 _STOP_POLL_S = 0.1
@@ -128,6 +135,32 @@ class Workload:
             raise ValueError(f"workload model must be a non-empty string or None, got {self.model!r}")
 
 
+@dataclass(frozen=True)
+class LoadProgress:
+    """How far the measured run is, ``elapsed_s`` after it began (see the module docstring).
+
+    ``completed`` and ``failed`` count finished requests of ``total``; ``output_tokens`` and
+    ``input_tokens`` are what the server has delivered so far (in flight included; a request's
+    prompt counts once its first token came); ``output_tokens_total`` and ``input_tokens_total``
+    what the whole run delivers if every request completes (``num_prompts x output_len``; the
+    prompts as counted so far, the rest at the mean prompt length seen, else ``input_len``).
+    """
+
+    elapsed_s: float
+    completed: int
+    failed: int
+    total: int
+    output_tokens: float
+    input_tokens: float
+    output_tokens_total: float
+    input_tokens_total: float
+
+    @property
+    def done(self) -> int:
+        """Finished requests, completed or failed."""
+        return self.completed + self.failed
+
+
 @dataclass
 class LoadResult:
     """What a run measured.
@@ -135,8 +168,8 @@ class LoadResult:
     ``metrics`` holds the names listed in the module docstring plus ``completed``, ``failed``,
     ``input_tokens``, ``output_tokens``, ``max_concurrency`` and ``duration_s``. ``completed`` and
     ``failed`` count measured requests only (requests cancelled by ``should_stop`` count as
-    failed; requests never sent count in neither). ``errors`` holds the first few distinct error
-    texts, one line each.
+    failed, and in ``cancelled`` too; requests never sent count in neither). ``errors`` holds the
+    first few distinct error texts, one line each.
     """
 
     metrics: dict[str, float]
@@ -144,21 +177,23 @@ class LoadResult:
     failed: int
     errors: list[str] = field(default_factory=list)
     duration_s: float = 0.0
+    cancelled: int = 0
 
 
 async def run_load(
     base_url: str,
     workload: Workload,
     *,
-    on_progress: Callable[[int, int], None] | None = None,
+    on_progress: Callable[[LoadProgress], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> LoadResult:
     """Drive ``workload`` against the server at ``base_url`` (e.g. ``http://127.0.0.1:30000``).
 
-    ``on_progress(done, total)`` is called as measured requests finish (completed or failed; at
-    most about ten times a second, and always when the last one finishes). ``should_stop()`` is
-    polled about ten times a second, during warm-up too; once it returns true, in-flight requests
-    are cancelled, no more are sent, and what was measured so far is returned.
+    ``on_progress(progress)`` (a :class:`LoadProgress`) is called about ten times a second while
+    the measured run goes on, and when its last request finishes. ``should_stop()`` is polled
+    about ten times a second, during warm-up too (in the measured run, right after each progress
+    report); once it returns true, in-flight requests are cancelled, no more are sent, and what
+    was measured so far is returned.
 
     Raises:
         LoadError: ``base_url`` is not an ``http://`` or ``https://`` URL.
@@ -195,7 +230,7 @@ def run_load_sync(
     base_url: str,
     workload: Workload,
     *,
-    on_progress: Callable[[int, int], None] | None = None,
+    on_progress: Callable[[LoadProgress], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> LoadResult:
     """:func:`run_load` in a fresh event loop (``asyncio.run``); not callable from a running loop."""
@@ -242,7 +277,8 @@ class _Record:
     """One request's outcome. Times are ``perf_counter`` seconds; ``ttft`` is None for a completed
     stream that delivered no token chunk (see the module docstring)."""
 
-    __slots__ = ("error", "ttft", "latency", "end", "output_tokens", "prompt_tokens", "gaps", "gap_tokens")
+    __slots__ = ("error", "ttft", "latency", "end", "output_tokens", "prompt_tokens", "gaps", "gap_tokens",
+                 "streamed", "started")
 
     def __init__(self) -> None:
         self.error: str | None = None
@@ -253,6 +289,18 @@ class _Record:
         self.prompt_tokens = 0
         self.gaps: list[float] = []
         self.gap_tokens: list[int] | None = None
+        self.streamed = 0  # tokens (SGLang) or generation chunks (OpenAI) delivered so far
+        self.started = False  # the first token came
+
+
+class _Tally:
+    """What the requests in flight of one run have delivered so far (see :class:`_Record`)."""
+
+    __slots__ = ("streamed", "started")
+
+    def __init__(self) -> None:
+        self.streamed = 0
+        self.started = 0
 
 
 class _StreamError(Exception):
@@ -270,6 +318,29 @@ class _Client:
         self.refused = False  # set once the server refused a connection: it is gone
         # _OPTIONAL_FIELDS a server refused once (an HTTP error naming the field): left out since.
         self.dropped: set[str] = set()
+        # Completed requests of every run so far: output tokens, generation chunks, prompt tokens.
+        self.seen_requests = 0
+        self.seen_tokens = 0
+        self.seen_chunks = 0
+        self.seen_prompt = 0
+
+    def learn(self, rec: _Record) -> None:
+        """Count a completed request into :meth:`tokens_per_chunk` and :meth:`prompt_len`."""
+        self.seen_requests += 1
+        self.seen_tokens += rec.output_tokens
+        self.seen_chunks += rec.streamed
+        self.seen_prompt += rec.prompt_tokens
+
+    def tokens_per_chunk(self) -> float:
+        """Tokens a chunk in flight stands for: 1 for SGLang (its chunks count tokens), else the
+        completed requests' tokens per generation chunk (1 before any)."""
+        if self.workload.api == "sglang" or not self.seen_chunks:
+            return 1.0
+        return self.seen_tokens / self.seen_chunks
+
+    def prompt_len(self) -> float:
+        """The mean prompt length of the completed requests (``input_len`` before any)."""
+        return self.seen_prompt / self.seen_requests if self.seen_requests else float(self.workload.input_len)
 
     def payload(self, namespace: int, index: int) -> dict[str, Any]:
         w = self.workload
@@ -296,7 +367,7 @@ class _Client:
             body.pop(name, None)
         return body
 
-    async def send(self, body: dict[str, Any]) -> _Record:
+    async def send(self, body: dict[str, Any], tally: _Tally) -> _Record:
         rec = _Record()
         start = time.perf_counter()
         try:
@@ -305,12 +376,12 @@ class _Client:
                     text = await resp.text(errors="replace")
                     rec.error = _one_line(f"HTTP {resp.status}: {text or resp.reason}")
                 else:
-                    await self._read(resp, rec, start)
+                    await self._read(resp, rec, start, tally)
             refused = self._refused_field(rec.error, body)
             if refused is not None:
                 self.dropped.add(refused)
                 del body[refused]
-                return await self.send(body)
+                return await self.send(body, tally)
         except asyncio.TimeoutError:
             rec.error = f"TimeoutError: no complete response within {self.workload.request_timeout_s:g} s"
         except aiohttp.ClientConnectorError as exc:
@@ -330,7 +401,7 @@ class _Client:
             return None
         return next((name for name in _OPTIONAL_FIELDS if name in body and name in error), None)
 
-    async def _read(self, resp: aiohttp.ClientResponse, rec: _Record, start: float) -> None:
+    async def _read(self, resp: aiohttp.ClientResponse, rec: _Record, start: float, tally: _Tally) -> None:
         """Read one stream into ``rec`` by the rules of the module docstring.
 
         Raises:
@@ -382,8 +453,12 @@ class _Client:
                     if new <= 0:
                         continue
                     seen += new
+                    rec.streamed += new
+                    tally.streamed += new
                     if not first_token:
                         first_token = now
+                        rec.started = True
+                        tally.started += 1
                     if not text:  # nothing decoded to text yet
                         continue
                     if first:
@@ -403,8 +478,12 @@ class _Client:
                     if not choices:
                         continue
                     generated = True
+                    rec.streamed += 1
+                    tally.streamed += 1
                     if not first_token:
                         first_token = now
+                        rec.started = True
+                        tally.started += 1
                     if choices[0].get("finish_reason"):
                         finish_seen = True
                     if not choices[0].get("text"):
@@ -456,7 +535,7 @@ class _Run:
         concurrency: int,
         rate: float | None,
         stop: _Stop,
-        on_progress: Callable[[int, int], None] | None,
+        on_progress: Callable[[LoadProgress], None] | None,
         *,
         namespace: int,
     ) -> None:
@@ -471,16 +550,42 @@ class _Run:
         self.in_flight = 0
         self.finished = asyncio.Event()
         self.last_progress = 0.0
+        self.start = 0.0
+        self.tally = _Tally()
+        self.completed = self.failed = 0
+        self.output_done = self.input_done = 0  # of the completed requests
+
+    def progress(self) -> LoadProgress:
+        """The run's progress now (see :class:`LoadProgress`)."""
+        c = self.client
+        prompt = c.prompt_len()
+        return LoadProgress(
+            elapsed_s=time.perf_counter() - self.start, completed=self.completed, failed=self.failed, total=self.total,
+            output_tokens=self.output_done + self.tally.streamed * c.tokens_per_chunk(),
+            input_tokens=self.input_done + self.tally.started * prompt,
+            output_tokens_total=float(self.total * c.workload.output_len),
+            input_tokens_total=self.input_done + (self.total - self.completed) * prompt)
+
+    def _report(self, *, force: bool = False) -> None:
+        if self.on_progress is None:
+            return
+        now = time.perf_counter()
+        if force or now - self.last_progress >= _PROGRESS_EVERY_S:
+            self.last_progress = now
+            self.on_progress(self.progress())
 
     async def execute(self) -> _RunOutcome:
-        start = time.perf_counter()
+        start = self.start = time.perf_counter()
         tasks: list[asyncio.Task[None]] = []
         dispatcher = asyncio.create_task(self._dispatch(tasks))
         try:
             # Each request ends by its own timeout, so ``finished`` is set in bounded time, unless
             # a task died of an exception (a bug, or a raising ``on_progress``): that is checked
             # at every poll, and raised below, so the run never waits for a request that is gone.
-            while not self.stop.check():
+            while True:
+                self._report()
+                if self.stop.check():
+                    break
                 try:
                     await asyncio.wait_for(self.finished.wait(), _STOP_POLL_S)
                     break
@@ -521,18 +626,23 @@ class _Run:
             body = self.client.payload(self.namespace, index)
             self.in_flight += 1
             try:
-                record = await self.client.send(body)
+                record = await self.client.send(body, self.tally)
             finally:
                 self.in_flight -= 1
+        self.tally.streamed -= record.streamed
+        self.tally.started -= record.started
+        if record.error is None:
+            self.completed += 1
+            self.output_done += record.output_tokens
+            self.input_done += record.prompt_tokens
+            self.client.learn(record)
+        else:
+            self.failed += 1
         self.records.append(record)
         done = len(self.records)
         if done == self.total:
             self.finished.set()
-        if self.on_progress is not None:
-            now = time.perf_counter()
-            if done == self.total or now - self.last_progress >= _PROGRESS_EVERY_S:
-                self.last_progress = now
-                self.on_progress(done, self.total)
+        self._report(force=done == self.total)
 
 
 def _first_error(tasks: list[asyncio.Task[None]]) -> BaseException | None:
@@ -586,4 +696,5 @@ def _summarize(workload: Workload, outcome: _RunOutcome, errors: list[str]) -> L
             itl.append(np.repeat(np.asarray(r.gaps) / counts, counts))
     _stats("itl", np.concatenate(itl) if itl else np.empty(0), metrics)
     _stats("e2e_latency", np.array([r.latency for r in ok]), metrics)
-    return LoadResult(metrics=metrics, completed=len(ok), failed=failed, errors=errors, duration_s=duration)
+    return LoadResult(metrics=metrics, completed=len(ok), failed=failed, errors=errors, duration_s=duration,
+                      cancelled=outcome.cancelled)

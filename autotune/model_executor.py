@@ -16,7 +16,12 @@ the executor also adds up (:attr:`ModelExecutor.spent_s`):
 - not ready within the trial's ready timeout (``TrialSpec.ready_timeout_s``): ``startup-timeout``,
   costing the whole timeout, as the real runner waits it out. The model has no hang of its own
   (:data:`autotune.sim.model.OUTCOMES`), so this is a start-up (or a failure) slower than the
-  timeout the driver chose.
+  timeout the driver chose;
+- stopped early (a spec with ``beat_value``, an objective that allows it): ``startup_s`` + the
+  load until the :class:`~autotune.early_stop.StopRule` stopped it. The rule is the runner's, fed
+  the model's own timeline after every forward (:data:`autotune.sim.model.ProgressHook`) as a
+  :class:`~autotune.loadgen.LoadProgress`; what the whole load would have cost is kept too
+  (``TrialCost.full_seconds``), for the GPU-hours early stopping saved.
 
 Warm-up requests and teardown are not counted. Measured numbers carry the run-to-run noise of
 ``AUTOTUNE_SIM_SEED=seed`` (``seed=None``: none, the model's expectation); a launch measured
@@ -28,21 +33,24 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from autotune.config import StudyConfig
+from autotune.early_stop import StopRule, applies
 from autotune.engines import get_preset
 from autotune.errors import UsageError
 from autotune.executors import Finished, PhaseCallback, runner_fields
 from autotune.failures import Failure
+from autotune.loadgen import LoadProgress
 from autotune.objective import Objective
 from autotune.runner import TrialResult, TrialSpec
 from autotune.sim.args import ServerArgs, parse_server_args
 from autotune.sim.engine import configure, startup_seconds
-from autotune.sim.model import Prediction, Workload, predict
+from autotune.sim.model import Prediction, ProgressHook, Workload, predict
 from autotune.sim.scenario import Scenario, ScenarioError, load_scenario
 from autotune.slots import Slot
 
@@ -58,12 +66,14 @@ invalid-argument)."""
 
 @dataclass(frozen=True)
 class TrialCost:
-    """One trial's simulated wall time and how it ended."""
+    """One trial's simulated wall time and how it ended; ``full_seconds``: what it would have
+    cost had it not stopped early (``seconds`` for every other trial)."""
 
     number: int
     outcome: str
     kind: str | None
     seconds: float
+    full_seconds: float
 
 
 def model_workload(objective: Objective) -> Workload:
@@ -100,13 +110,16 @@ class ModelExecutor:
     ``server_args``: its part the simulated server parses (``--scenario S ...``); ``env``: the
     target's fixed env; ``seed``: the noise seed (``AUTOTUNE_SIM_SEED``), None for none;
     ``ready_timeout_s``: used when a spec carries no timeout of its own; ``objective``: adds the
-    metrics it defines (:meth:`~autotune.objective.Objective.derive`) to each measured result.
+    metrics it defines (:meth:`~autotune.objective.Objective.derive`) to each measured result;
+    ``stop_metric``: the objective's metric when its trials may stop early
+    (:func:`~autotune.early_stop.applies`), else None.
     """
 
     def __init__(self, scenario: Scenario, workload: Workload, *, argv: Sequence[str], server_args: Sequence[str],
                  env: Mapping[str, str], seed: int | None, ready_timeout_s: float = 600.0, host: str = "local",
-                 objective: Objective | None = None) -> None:
+                 objective: Objective | None = None, stop_metric: str | None = None) -> None:
         self.scenario = scenario
+        self.stop_metric = stop_metric
         self.workload = workload
         self.objective = objective
         self.argv = list(argv)
@@ -147,7 +160,8 @@ class ModelExecutor:
             except ScenarioError as exc:
                 raise UsageError(str(exc)) from None
         return cls(scenario, model_workload(objective), argv=argv, server_args=server_args, env=target.env,
-                   seed=seed, ready_timeout_s=target.ready_timeout_s, objective=objective)
+                   seed=seed, ready_timeout_s=target.ready_timeout_s, objective=objective,
+                   stop_metric=objective.metric if applies(objective) else None)
 
     # -- the Executor protocol -----------------------------------------------------------------
     def slots(self) -> list[Slot]:
@@ -169,9 +183,10 @@ class ModelExecutor:
         self._pending = None
         started = time.perf_counter()
         result = self.result(spec)
+        full = self.full_seconds(spec) if result.outcome == "stopped" else result.duration_s
         self.model_s += time.perf_counter() - started
         kind = result.failure.kind if result.failure else None
-        self.costs.append(TrialCost(spec.number, result.outcome, kind, result.duration_s))
+        self.costs.append(TrialCost(spec.number, result.outcome, kind, result.duration_s, full))
         return [Finished(spec.number, slot, result)]
 
     def running(self) -> int:
@@ -204,6 +219,10 @@ class ModelExecutor:
         """The argv and env the trial's server would be launched with."""
         return [*self.argv, *spec.args], {**self.env, **spec.env}
 
+    def full_seconds(self, spec: TrialSpec) -> float:
+        """What the trial of ``spec`` costs when its load is never stopped early."""
+        return self.result(dataclasses.replace(spec, beat_value=None)).duration_s
+
     def result(self, spec: TrialSpec) -> TrialResult:
         """The result the real runner would return for ``spec`` on the simulated host."""
         argv, env = self.launch(spec)
@@ -217,7 +236,10 @@ class ModelExecutor:
             _, args = _parse([*self.server_args, *spec.args])
         except ValueError as exc:
             return _failed(result, "invalid-argument", str(exc), BAD_FLAG_S, timeout)
-        p = predict(self.scenario, args, env, self.workload, seed=self._noise_seed(spec))
+        rule = (StopRule(self.stop_metric, spec.beat_value, spec.beat_reason)
+                if self.stop_metric and spec.beat_value is not None else None)
+        p = predict(self.scenario, args, env, self.workload, seed=self._noise_seed(spec),
+                    on_progress=None if rule is None else self._watch(rule))
         if p.outcome == "crash-under-load":
             ready = startup_seconds(configure(self.scenario, args, env))["ready"]
             if ready > timeout:
@@ -231,7 +253,7 @@ class ModelExecutor:
         result.startup_s = p.startup_s
         result.server_info = {"/get_server_info": {k: v for k, v in p.details.items() if not isinstance(v, dict)}}
         completed = int(p.details.get("completed") or 0)
-        if completed == 0:  # every request rejected: the load generator's request-errors
+        if completed == 0 and p.stopped_s is None:  # every request rejected: the load generator's request-errors
             result.duration_s = p.startup_s
             w = self.workload
             result.metrics = {"completed": 0.0, "failed": float(w.num_prompts)}
@@ -243,7 +265,23 @@ class ModelExecutor:
         if self.objective is not None:
             result.metrics = self.objective.derive(result.metrics)
         result.duration_s = round(p.startup_s + float(p.details["duration_s"]), 3)
+        if rule is not None:
+            result.intermediate = dict(rule.intermediate)
+            if p.stopped_s is not None:
+                result.outcome, result.early_stop = "stopped", rule.stop
         return result
+
+    def _watch(self, rule: StopRule) -> ProgressHook:
+        """The model's progress hook that feeds ``rule`` as the load generator would."""
+        w = self.workload
+        out_total, in_total = float(w.num_prompts * w.output_len), float(w.num_prompts * w.input_len)
+
+        def hook(elapsed_s: float, output_tokens: int, input_tokens: int, completed: int) -> bool:
+            progress = LoadProgress(elapsed_s, completed, 0, w.num_prompts, float(output_tokens), float(input_tokens),
+                                    out_total, in_total)
+            return rule.observe(progress) is not None
+
+        return hook
 
 
 def _repeat_seed(seed: int, repeat: int) -> int:

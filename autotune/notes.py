@@ -46,6 +46,7 @@ FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 _OUTCOME_WORDS = {
     "ok": "ok: measured",
+    "stopped": "stopped: measured until it could not beat the best trials so far (not infeasible)",
     "infeasible": "infeasible: the configuration failed",
     "fault": "fault: the infrastructure failed (not the configuration's fault; run again)",
     "skipped": "skipped: not launched, an earlier failure implies this configuration fails the same way",
@@ -156,6 +157,11 @@ def trial_note(v: TrialView, *, metric: str | None = None, constraints: Mapping[
     out.append(f"**Outcome:** {_text(words)}{value}. Optuna state: {_code(v.state)}.")
     if v.state in _STATE_WORDS and v.outcome in ("infeasible", "fault", "skipped"):
         out.append(_STATE_WORDS[v.state])
+    if v.outcome == "stopped":
+        out.append("")
+        out.append(f"**Stopped early** {_text((v.early_stop or {}).get('message') or '')}.")
+        out.append(f"Optuna records it as *{_text(v.state.capitalize())}* with its projected values as intermediate "
+                   "values; it is not infeasible (constraint `failure` = -1) and never the best.")
     if v.failure:
         out.append("")
         out.append(f"**Failure:** {_code(v.failure_kind)}: {_text(v.failure.get('message') or '')}")

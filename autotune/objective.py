@@ -7,6 +7,7 @@ An objective file looks like::
     direction: maximize
     load: {concurrency: 256, num_prompts: 1024, input_len: 256, output_len: 128, warmup_prompts: 16}
     constraints: ["p99_ttft_ms <= 2000"]   # a trial breaking one is infeasible (slo-violated)
+    early_stop: true                # stop a load that cannot beat the best (autotune.early_stop)
 
 or, instead of the built-in load generator, an external benchmark whose output is parsed::
 
@@ -189,6 +190,7 @@ class _ObjectiveFile(BaseModel):
     weighted: dict[str, list[_Term]] = Field(default_factory=dict)
     benchmark: BenchmarkSpec | None = None
     constraints: list[str] = Field(default_factory=list)
+    early_stop: bool = True
 
     @field_validator("weighted")
     @classmethod
@@ -297,6 +299,9 @@ class Objective:
     weighted: tuple[WeightedMetric, ...] = ()
     loads: tuple[NamedLoad, ...] = ()
     choice: ChoiceRule = field(default_factory=ChoiceRule)
+    early_stop: bool = True
+    """Whether a trial's load may stop early once it cannot beat the best so far (where the metric
+    allows a bound: :func:`autotune.early_stop.applies`)."""
 
     def __post_init__(self) -> None:
         if not self.goals:
@@ -442,7 +447,8 @@ class Objective:
         name = parsed.name or source.rsplit("/", 1)[-1].removesuffix(".yaml")
         load = loads[0].spec if loads else parsed.load
         return cls(name, goals[0].metric, goals[0].direction, load, tuple(constraints), parsed.benchmark,
-                   goals=goals, weighted=weighted, loads=loads, choice=choice)
+                   goals=goals, weighted=weighted, loads=loads, choice=choice,
+                   early_stop=parsed.early_stop)
 
 
 def _unknown(what: str, names: frozenset[str], metric: str, defined: set[str] | None = None) -> str:

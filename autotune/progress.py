@@ -88,6 +88,9 @@ class ConsoleReporter:
             line = Text.assemble(f"trial {result.number}: ", ("ok", "green"), f" {shown}  ({took})")
         elif result.outcome == "ok":
             line = Text.assemble(f"trial {result.number}: ", ("ok", "green"), f" {self.metric}={value:.4g}  ({took})")
+        elif result.outcome == "stopped":
+            why = result.early_stop.message if result.early_stop is not None else ""
+            line = Text.assemble(f"trial {result.number}: ", ("stopped early", "cyan"), f" {shorten(why, MESSAGE_LIMIT)}  ({took})")
         else:
             kind = result.failure.kind if result.failure else "?"
             msg = shorten(result.failure.message if result.failure else "", MESSAGE_LIMIT)
@@ -208,8 +211,9 @@ def outcome_lines(views: list[TrialView], rules: list[str]) -> list[Text]:
 
 def summary_table(views: list[TrialView], metric: str, maximize: bool = True, *, goals: Sequence[Goal] = (),
                   front: Sequence[int] = (), chosen: int | None = None, title: str = "trials") -> Table:
-    """A table of every trial: number, outcome, value, failure kind, the parameters that differ
-    from the baseline's (all of them for the baseline), duration. The best trial is in green.
+    """A table of every trial: number, outcome, value, failure kind (for a trial stopped early:
+    where and why), the parameters that differ from the baseline's (all of them for the
+    baseline), duration. The best trial is in green.
 
     A multi-objective study (``goals``: two or more): one value column per objective, the trials
     on the Pareto front (``front``) marked, the ``chosen`` one in green."""
@@ -233,7 +237,18 @@ def summary_table(views: list[TrialView], metric: str, maximize: bool = True, *,
         shown = v.params if v.baseline else {k: p for k, p in v.params.items() if base.get(k) != p}
         params = " ".join(f"{k}={p}" for k, p in shown.items())
         number = str(v.number) + (" (baseline)" if v.baseline else "") + (" (front)" if v.number in on_front else "")
-        cells = (number, v.outcome, *cells_values, v.failure_kind or "",
+        cells = (number, v.outcome, *cells_values, v.failure_kind or _stopped(v),
                  params, f"{v.duration_s:.1f}s" if isinstance(v.duration_s, (int, float)) and v.duration_s else "")
         table.add_row(*(Text(str(c)) for c in cells), style=style)  # Text: a value is never markup
     return table
+
+
+def _stopped(v: TrialView) -> str:
+    """Where and why a trial's load stopped early (``at 25%: bound 568 < 604``), else ""."""
+    es = v.early_stop
+    if v.outcome != "stopped" or not es:
+        return ""
+    try:
+        return f"at {float(es['share']):.0%}: bound {float(es['bound']):.4g} < {float(es['beat']):.4g}"
+    except (KeyError, TypeError, ValueError):
+        return "stopped early"

@@ -182,10 +182,12 @@ def _axis_values(values: list[Any]) -> list[Any]:
 
 def _feasibility_figure(views: list[TrialView], params: list[str], metric: str) -> Any:
     """Every measured trial over the two parameters: feasible ones coloured by the objective,
-    infeasible ones as crosses, one trace per failure kind."""
+    stopped ones (load stopped early) as open circles, infeasible ones as crosses, one trace per
+    failure kind."""
     import plotly.graph_objects as go
 
-    rows = [v for v in views if v.outcome in ("ok", "infeasible") and all(v.params.get(p) is not None for p in params)]
+    rows = [v for v in views if v.outcome in ("ok", "stopped", "infeasible")
+            and all(v.params.get(p) is not None for p in params)]
     x_name = params[0]
     y_name = params[1] if len(params) > 1 else None
     xs = _axis_values([v.params[x_name] for v in rows])
@@ -198,6 +200,8 @@ def _feasibility_figure(views: list[TrialView], params: list[str], metric: str) 
             lines.append(f"{metric}: {v.value:.4g}")
         if v.failure:
             lines.append(f"{v.failure_kind}: {_fmt(v.failure.get('message'))[:160]}")
+        if v.early_stop:
+            lines.append(_fmt(v.early_stop.get("message"))[:160])
         return "<br>".join(html.escape(s) for s in lines)
 
     fig = go.Figure()
@@ -207,9 +211,15 @@ def _feasibility_figure(views: list[TrialView], params: list[str], metric: str) 
         text=[hover(v) for v in ok], hoverinfo="text",
         marker={"size": 11, "symbol": "circle", "color": [v.value for v in ok], "colorscale": "Viridis",
                 "showscale": bool(ok), "colorbar": {"title": {"text": metric}}, "line": {"width": 1, "color": "#333"}}))
+    stopped = [v for v in rows if v.outcome == "stopped"]
+    if stopped:
+        fig.add_trace(go.Scatter(
+            name="stopped early", mode="markers", x=[at[v.number][0] for v in stopped],
+            y=[at[v.number][1] for v in stopped], text=[hover(v) for v in stopped], hoverinfo="text",
+            marker={"size": 11, "symbol": "circle-open", "line": {"width": 2}}))
     by_kind: dict[str, list[TrialView]] = {}
     for v in rows:
-        if v.value is None:
+        if v.value is None and v.outcome != "stopped":
             by_kind.setdefault(v.failure_kind or v.outcome, []).append(v)
     for kind, members in sorted(by_kind.items()):
         fig.add_trace(go.Scatter(
@@ -349,7 +359,7 @@ def _profile_html(study: optuna.Study, storage: str, best: TrialView | None, met
 def _trials_html(views: list[TrialView], best: TrialView | None) -> str:
     rows = []
     for v in views:
-        msg = _fmt((v.failure or {}).get("message"))
+        msg = _fmt((v.failure or v.early_stop or {}).get("message"))
         rows.append([f"{v.number}" + (" (baseline)" if v.baseline else "") + (" (best)" if best and v.number == best.number else ""),
                      v.outcome, v.state, v.value, v.failure_kind or "", msg if len(msg) <= 200 else msg[:199] + "…",
                      " ".join(f"{k}={_fmt(p)}" for k, p in v.params.items()),
@@ -445,7 +455,8 @@ def build_report(study: optuna.Study, storage: str, *, analysis: Mapping[str, An
                             if sub is not None else "no feasible trial yet"))
     parts.append("<h2 id=history>Optimization history</h2>")
     parts.append(figure("history", lambda: _history(study, metric),
-                        "every measured trial's objective and the best so far; infeasible trials are not measured"
+                        "every measured trial's objective and the best so far; infeasible trials are not measured, "
+                        "and trials stopped early have no final value"
                         + (f" (the first objective, {metric})" if len(goals) > 1 else "")))
 
     parts.append("<h2 id=importance>Parameter importances</h2>")

@@ -4,6 +4,11 @@ The runner knows nothing of Optuna or the storage: it takes a :class:`TrialSpec`
 plain :class:`TrialResult`. Readiness and failure are watched together: the health endpoint is
 polled while the log is tailed, so a crash is seen within a poll interval, not at the timeout,
 and the log excerpt is read before the process is killed.
+
+A trial whose spec carries a value to beat (``TrialSpec.beat_value``) is measured under
+:class:`~autotune.early_stop.StopRule`: once its load cannot beat that value, the load stops, the
+server is torn down as usual, and the result is ``outcome="stopped"`` with the metrics measured so
+far and the reason (``early_stop``) -- measured, not infeasible.
 """
 
 from __future__ import annotations
@@ -20,16 +25,19 @@ from typing import Any, Callable, Literal, Sequence
 import requests
 
 from autotune._net import http_ok
+from autotune.early_stop import EarlyStop, StopRule, applies
 from autotune.engines import EnginePreset
 from autotune.failures import COMMON_PATTERNS, FAULT_KINDS, Failure, Pattern, classify, excerpt, find_error
 from autotune.hosts import Host, HostFault, LocalHost, ServerLeftRunning, ServerProcess
-from autotune.loadgen import Workload, run_load_sync
+from autotune.loadgen import LoadProgress, Workload, run_load_sync
 from autotune.objective import NamedLoad, Objective
 from autotune.results import ResultParseError, parse_result
 from autotune.secrets import Redactor
 from autotune.stopping import StopRequest
 
-Outcome = Literal["ok", "infeasible", "fault"]
+Outcome = Literal["ok", "stopped", "infeasible", "fault"]
+"""ok: measured; stopped: measured until it could not beat the best trials so far (early stopping);
+infeasible: the configuration failed; fault: the infrastructure failed."""
 PhaseCallback = Callable[[str, str], None]
 """Called as ``on_phase(phase, detail)`` with phase launching | launched | warming | measuring |
 teardown; for ``launched`` the detail is JSON ``{"pgid", "tag", "argv", "port", "host"}`` so the driver
@@ -48,6 +56,9 @@ class TrialSpec:
 
     ``ready_timeout_s``, when set, replaces the runner's ready timeout for this trial (the driver
     shortens it from the start-ups it has seen); ``ready_timeout_reason`` says how it was chosen.
+    ``beat_value``: the value of the objective's metric the trial must be able to beat, else its
+    load is stopped early (the driver's :func:`~autotune.early_stop.value_to_beat`; None: never
+    stopped); ``beat_reason`` says which value it is.
     """
 
     number: int
@@ -55,6 +66,8 @@ class TrialSpec:
     args: list[str]
     ready_timeout_s: float | None = None
     ready_timeout_reason: str = ""
+    beat_value: float | None = None
+    beat_reason: str = ""
 
 
 @dataclass
@@ -82,6 +95,11 @@ class TrialResult:
     server_tag: str = ""
     left_running: bool = False
     """Teardown could not reach the host: the server tagged ``server_tag`` may still run there."""
+    early_stop: EarlyStop | None = None
+    """Why the load stopped early (``outcome="stopped"``)."""
+    intermediate: dict[int, float] = field(default_factory=dict)
+    """Projected values of the objective's metric by percent of the load done
+    (:class:`~autotune.early_stop.StopRule`), for ``trial.report``."""
 
 
 class LogWatcher:
@@ -266,7 +284,7 @@ class TrialRunner:
             if self.objective.benchmark is not None:
                 self._benchmark(spec, proc, watcher, port, result, phase_cb)
             else:
-                self._measure(proc, watcher, port, result, phase_cb)
+                self._measure(proc, watcher, port, result, phase_cb, spec)
             self._check_slo(result)
             return result
         except HostFault as fault:
@@ -380,16 +398,21 @@ class TrialRunner:
         watcher.read()
         return classify(watcher.text, phase=phase, exit_code=proc.poll(), patterns=self.preset.patterns)
 
-    def _measure(self, proc: ServerProcess, watcher: LogWatcher, port: int, result: TrialResult, phase_cb: PhaseCallback) -> None:
+    def _measure(self, proc: ServerProcess, watcher: LogWatcher, port: int, result: TrialResult, phase_cb: PhaseCallback,
+                 spec: TrialSpec) -> None:
         """Run the objective's load, or each of its ``loads`` in turn on the same server (their
         metrics prefixed ``LOAD/``); the first load that fails ends the trial."""
         for named in self.objective.loads or (None,):
-            self._measure_load(proc, watcher, port, result, phase_cb, named)
+            self._measure_load(proc, watcher, port, result, phase_cb, spec, named)
             if result.outcome != "ok":
                 return
 
     def _measure_load(self, proc: ServerProcess, watcher: LogWatcher, port: int, result: TrialResult,
-                      phase_cb: PhaseCallback, named: NamedLoad | None = None) -> None:
+                      phase_cb: PhaseCallback, spec: TrialSpec, named: NamedLoad | None = None) -> None:
+        """Drive one load. Where the objective allows early stopping
+        (:func:`~autotune.early_stop.applies`: one load, a throughput metric) the load's progress
+        goes through a :class:`~autotune.early_stop.StopRule` (intermediate values), which stops
+        it once it cannot beat ``spec.beat_value``."""
         load = self.objective.load if named is None else named.spec
         prefix, which = ("", "") if named is None else (named.prefix, f"{named.name}: ")
         workload = Workload(
@@ -406,10 +429,12 @@ class TrialRunner:
         phase_cb("warming", f"{which}{load.warmup_prompts} requests")
         last_check = 0.0
         server_down = False
+        rule = (StopRule(self.objective.metric, spec.beat_value, spec.beat_reason)
+                if applies(self.objective) else None)
 
         def should_stop() -> bool:
             nonlocal last_check, server_down
-            if self.stop.requested:
+            if self.stop.requested or (rule is not None and rule.stop is not None):
                 return True
             now = time.monotonic()
             if server_down or now - last_check < POLL_S:
@@ -419,8 +444,10 @@ class TrialRunner:
             server_down = proc.poll() is not None or watcher.error is not None
             return server_down
 
-        def on_progress(done: int, total: int) -> None:
-            phase_cb("measuring", f"{which}{done}/{total} requests")
+        def on_progress(p: LoadProgress) -> None:
+            if rule is not None:
+                rule.observe(p)
+            phase_cb("measuring", f"{which}{p.done}/{p.total} requests")
 
         base_url = self.host.base_url(port)
         load_result = run_load_sync(base_url, workload, on_progress=on_progress, should_stop=should_stop)
@@ -434,16 +461,25 @@ class TrialRunner:
             result.metrics.update({prefix + k: v for k, v in load_result.metrics.items()})
             return
         result.metrics.update({prefix + k: v for k, v in load_result.metrics.items()})
-        total = load_result.completed + load_result.failed
-        if total == 0 or load_result.failed / total > load.max_failed_fraction:
+        if rule is not None:
+            result.intermediate = dict(rule.intermediate)
+        stopped = rule is not None and rule.stop is not None
+        # Requests the early stop cancelled are no failures; a stopped load may have completed none.
+        failed = load_result.failed - load_result.cancelled
+        total = load_result.completed + failed
+        if (total == 0 and not stopped) or (total and failed / total > load.max_failed_fraction):
             result.outcome = "infeasible"
             errors = "; ".join(load_result.errors[:3]) or "no request completed"
             result.failure = Failure(
                 "request-errors",
-                f"{which}{load_result.failed} of {total} requests failed: {errors}",
+                f"{which}{failed} of {total} requests failed: {errors}",
                 excerpt(watcher.text),
             )
             return
+        if stopped:
+            result.outcome = "stopped"
+            result.early_stop = rule.stop  # type: ignore[union-attr]
+            result.metrics.update(failed=float(failed), cancelled=float(load_result.cancelled))
 
     def _check_slo(self, result: TrialResult) -> None:
         """Add the metrics the objective defines (:meth:`Objective.derive`), then evaluate its

@@ -137,9 +137,14 @@ class DefaultsGridSampler(optuna.samplers.GridSampler):
         pass  # no study.stop(): see the class docstring
 
 
+def _crashed(t: FrozenTrial) -> bool:
+    """A trial the driver told PRUNED because it failed (not one stopped early, which measured)."""
+    return t.state == TrialState.PRUNED and t.user_attrs.get("outcome") != "stopped"
+
+
 class _WithoutPruned:
-    """A read view of a study whose trial lists leave out PRUNED trials (everything else is the
-    study's own)."""
+    """A read view of a study whose trial lists leave out the infeasible (PRUNED, not stopped)
+    trials (everything else is the study's own)."""
 
     def __init__(self, study: optuna.Study) -> None:
         self._study = study
@@ -149,10 +154,10 @@ class _WithoutPruned:
 
     def _get_trials(self, deepcopy: bool = True, states: Any = None, use_cache: bool = False) -> list[FrozenTrial]:
         trials = self._study._get_trials(deepcopy=deepcopy, states=states, use_cache=use_cache)
-        return [t for t in trials if t.state != TrialState.PRUNED]
+        return [t for t in trials if not _crashed(t)]
 
     def get_trials(self, deepcopy: bool = True, states: Any = None) -> list[FrozenTrial]:
-        return [t for t in self._study.get_trials(deepcopy=deepcopy, states=states) if t.state != TrialState.PRUNED]
+        return [t for t in self._study.get_trials(deepcopy=deepcopy, states=states) if not _crashed(t)]
 
     @property
     def trials(self) -> list[FrozenTrial]:

@@ -53,6 +53,8 @@ class TrialView:
     measured: Measured | None = None
     """Set on the view :func:`best_view` returns (single-objective): every measurement of its
     configuration."""
+    early_stop: dict[str, Any] | None = None
+    """Why a ``stopped`` trial's load was stopped (:meth:`autotune.early_stop.EarlyStop.to_json`)."""
 
     @property
     def failure_kind(self) -> str | None:
@@ -71,6 +73,7 @@ class TrialView:
             "baseline": self.baseline,
             "startup_s": self.startup_s,
             "slot": self.slot,
+            "early_stop": self.early_stop,
         }
 
 
@@ -170,6 +173,7 @@ def view(t: FrozenTrial) -> TrialView:
         secret_args=secret_args_from_attr(ua.get("secret_args")),
         slot=ua.get("slot"),
         values=values,
+        early_stop=ua.get("early_stop") or None,
     )
 
 

@@ -7,10 +7,13 @@ Everything runs the real Driver on real SQLite storages against the real model, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
@@ -18,7 +21,7 @@ import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from autotune.bench_tuner import BENCH_ENV, Setup, StudyTrace, summarize
+from autotune.bench_tuner import BENCH_ENV, Setup, StudyTask, StudyTrace, _Clock, _trace, scratch_dir, summarize
 from autotune.driver import Driver, make_sampler
 from autotune.errors import UsageError
 from autotune.model_executor import ModelExecutor, model_workload
@@ -28,6 +31,7 @@ from autotune.sim.args import parse_server_args
 from autotune.sim.model import Workload, predict
 from autotune.sim.scenario import load_scenario
 from autotune.strategies import GRID, CrashBlindTPESampler, strategy
+from autotune.study_view import best_view
 
 GLM = "rtx6000-pcie-glm5"
 KIMI = "rtx6000-pcie-kimi-eagle3"
@@ -107,6 +111,100 @@ def test_a_stop_request_answers_interrupted_faults() -> None:
     ex.request_stop("signal")
     r = ex.result(_spec(setup))
     assert r.outcome == "fault" and r.failure is not None and r.failure.kind == "interrupted"
+
+
+def test_a_clearly_worse_trial_stops_early_and_costs_only_its_time_until_then() -> None:
+    setup = _setup()
+    ex = setup.executor(0)
+    best = ex.result(_spec(setup)).metrics["output_throughput"]
+    worse = _spec(setup, 5, max_running_requests=16)  # a third of the baseline's throughput
+    full = ex.result(worse)
+    assert full.outcome == "ok" and full.metrics["output_throughput"] < best / 2 and full.early_stop is None
+    spec = dataclasses.replace(worse, beat_value=best)
+    ex.submit(spec, ex.slots()[0], lambda phase, detail: None)
+    [done] = ex.wait(1.0)
+    r = done.result
+    assert r.outcome == "stopped" and r.failure is None and r.early_stop is not None
+    assert r.early_stop.beat == best and r.early_stop.bound < best
+    assert r.early_stop.share < 1 and r.metrics["completed"] < QUICK.num_prompts  # its load was cut short
+    assert r.startup_s == full.startup_s and r.startup_s < r.duration_s < full.duration_s
+    assert r.intermediate and max(r.intermediate) <= 100 * r.early_stop.share
+    [cost] = ex.costs
+    assert (cost.outcome, cost.seconds, cost.full_seconds) == ("stopped", r.duration_s, full.duration_s)
+    # The same trial against a best it would have beaten (by 0.1%) runs to its end, as without one.
+    beaten = ex.result(dataclasses.replace(worse, beat_value=full.metrics["output_throughput"] * 0.999))
+    assert beaten.outcome == "ok" and beaten.metrics == full.metrics and beaten.duration_s == full.duration_s
+    # With early stopping off in the objective, nothing stops.
+    off = Setup(GLM, "sglang_nccl", "quick", None, early_stop=False).executor(0)
+    assert off.result(spec).outcome == "ok"
+
+
+@pytest.mark.parametrize("scenario, draws", [(GLM, 40), (KIMI, 200)])  # KIMI: most configurations crash
+def test_no_configuration_is_stopped_against_a_value_it_beats(scenario: str, draws: int) -> None:
+    """The bound holds on the model's own timelines: random configurations of the space, each
+    against a value to beat just below its own final value, all run to their end; against twice
+    that value, each stops."""
+    setup = _setup(scenario)
+    ex = setup.executor(3)
+    probe = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=5))
+    measured = 0
+    for _ in range(draws):
+        launch = setup.space.to_launch(probe.ask(setup.space.distributions()).params)  # rules repaired
+        spec = TrialSpec(0, env=launch.env, args=launch.args, ready_timeout_s=LONG)
+        full = ex.result(spec)
+        if full.outcome != "ok":
+            continue
+        measured += 1
+        value = full.metrics["output_throughput"]
+        assert ex.result(dataclasses.replace(spec, beat_value=value * 0.9999)).outcome == "ok"
+        assert ex.result(dataclasses.replace(spec, beat_value=value * 2)).outcome == "stopped"
+    assert measured >= 5
+
+
+def _tpe_study(folder: Path, setup: Setup, trials: int, seed: int) -> tuple[optuna.Study, ModelExecutor]:
+    """A study of Optuna's own multivariate TPE (as Optuna ships it: the property below is TPE's)."""
+    cfg = setup.config(name=f"stops-{setup.early_stop}", storage=f"sqlite:///{folder}/stops-{setup.early_stop}.db",
+                       sampler="tpe", seed=seed, trials=trials)
+    ex = ModelExecutor.for_target(cfg, setup.objective, seed=seed)
+    tpe = lambda seed: optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8)  # noqa: E731
+    return Driver(cfg, setup.space, setup.objective, ex, trials=trials, sampler=tpe).run().study, ex
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    """A folder where the bench puts its SQLite files (/dev/shm when it has room): fast to write."""
+    folder = Path(scratch_dir())
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_stopped_trials_are_measured_not_infeasible_and_tpe_runs_the_same_search(scratch: Path) -> None:
+    """A trial stopped below the value to beat would have been one of TPE's poor trials measured
+    to its end too: with the same seed and noise, TPE proposes the same trials, for less time."""
+    full, full_ex = _tpe_study(scratch, Setup(GLM, "sglang_nccl", "quick", None, early_stop=False), 14, seed=5)
+    setup = _setup()
+    study, ex = _tpe_study(scratch, setup, 14, seed=5)  # TPE has 2 good trials of 14: the value to beat is the 2nd best
+    trials = study.get_trials()
+    stopped = [t for t in trials if t.user_attrs.get("outcome") == "stopped"]
+    assert len(stopped) >= 2 and len(trials) == 14  # stopped trials count against the budget
+    assert [t.params for t in trials] == [t.params for t in full.get_trials()]
+    best = best_view(study)
+    assert best is not None and best.number == best_view(full).number  # type: ignore[union-attr]
+    assert study.trials[best.number].user_attrs["outcome"] == "ok"
+    assert [c.full_seconds for c in ex.costs] == [c.seconds for c in full_ex.costs]
+    assert ex.spent_s < full_ex.spent_s
+    costs = {c.number: c for c in ex.costs}
+    for t in stopped:
+        assert t.state == TrialState.PRUNED and t.constraints["failure"] < 0  # TPE: below complete, not infeasible
+        assert t.intermediate_values and not t.user_attrs["feasible"]
+        assert t.user_attrs["early_stop"]["bound"] < t.user_attrs["early_stop"]["beat"] <= best.value
+        assert costs[t.number].seconds < costs[t.number].full_seconds
+    # The bench's trace counts them as stopped (not infeasible) and what they saved.
+    trace = _trace(StudyTask(setup, "autotune", 5, 14, 1.0), sorted(trials, key=lambda t: t.number), ex, _Clock(ex))
+    assert sum(trace.stopped) == len(stopped) and not any(a and b for a, b in zip(trace.stopped, trace.infeasible))
+    s = summarize([trace], trials=14, gpus=8)
+    assert s["stopped_share"]["median"] == len(stopped) / 14
+    assert s["gpu_hours_saved"]["median"] == pytest.approx((full_ex.spent_s - ex.spent_s) * 8 / 3600)
 
 
 def test_objectives_the_model_cannot_measure_are_refused() -> None:

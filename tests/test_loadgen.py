@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 from autotune._net import free_port
-from autotune.loadgen import LoadError, Workload, run_load_sync
+from autotune.loadgen import LoadError, LoadProgress, Workload, run_load_sync
 from autotune.loadgen import _Client
 
 SERVER = Path(__file__).with_name("streaming_server.py")
@@ -67,9 +67,9 @@ def _expected_latency(output_len: int, chunk_tokens: int = 1) -> float:
 @pytest.mark.parametrize("api", ["openai", "sglang"])
 def test_counts_throughput_and_latency(start_server: StartServer, api: Api) -> None:
     url = start_server()
-    progress: list[tuple[int, int]] = []
+    progress: list[LoadProgress] = []
     w = Workload(api=api, num_prompts=32, concurrency=8, input_len=64, output_len=40, warmup_prompts=4)
-    result = run_load_sync(url, w, on_progress=lambda done, total: progress.append((done, total)))
+    result = run_load_sync(url, w, on_progress=progress.append)
     stats = _get(url + "/stats")
 
     assert (result.completed, result.failed, result.errors) == (32, 0, [])
@@ -93,10 +93,17 @@ def test_counts_throughput_and_latency(start_server: StartServer, api: Api) -> N
     assert m["median_tpot_ms"] == pytest.approx(DELAY * 1000, rel=0.2)
     assert m["median_itl_ms"] == pytest.approx(DELAY * 1000, rel=0.3)
     assert m["median_e2e_latency_ms"] == pytest.approx(latency * 1000, rel=0.1)
-    # Progress: monotone, ends at (total, total), warm-up not reported.
-    assert progress[-1] == (32, 32)
-    assert [d for d, _ in progress] == sorted(d for d, _ in progress)
-    assert all(total == 32 for _, total in progress)
+    # Progress: monotone, ends at (total, total) with every token, warm-up not reported; tokens of
+    # requests in flight count as they stream (not only when their request completes).
+    last = progress[-1]
+    assert (last.done, last.total, last.completed) == (32, 32, 32)
+    assert (last.output_tokens, last.input_tokens) == (32 * 40, 32 * 64)
+    assert (last.output_tokens_total, last.input_tokens_total) == (32 * 40, 32 * 64)
+    for key in ("done", "elapsed_s", "output_tokens"):
+        values = [getattr(p, key) for p in progress]
+        assert values == sorted(values), key
+    assert all(p.total == 32 for p in progress)
+    assert any(p.output_tokens > 40 * p.completed for p in progress)
 
 
 @pytest.mark.parametrize(("api", "itl_tokens"), [("openai", 4), ("sglang", 1)])
@@ -279,8 +286,8 @@ def test_a_raising_progress_callback_is_raised(start_server: StartServer) -> Non
     """A bug in the caller's callback ends the run with that exception: never swallowed, never a hang."""
     url = start_server()
 
-    def broken(done: int, total: int) -> None:
-        raise RuntimeError(f"progress display broke at {done}/{total}")
+    def broken(p: LoadProgress) -> None:
+        raise RuntimeError(f"progress display broke at {p.done}/{p.total}")
 
     w = Workload(num_prompts=8, concurrency=4, output_len=5, warmup_prompts=0, request_timeout_s=30)
     with pytest.raises(RuntimeError, match="progress display broke at"):

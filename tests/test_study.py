@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -17,6 +18,10 @@ import requests
 import yaml
 
 from autotune._net import free_port, wait_http_ok
+from autotune.config import StudyConfig
+from autotune.model_executor import ModelExecutor
+from autotune.objective import Objective
+from autotune.runner import TrialSpec
 
 SCENARIO = "rtx6000-pcie-glm5"
 SMALL_LOAD = {"load": {"concurrency": 32, "num_prompts": 64, "input_len": 64, "output_len": 16, "warmup_prompts": 2}}
@@ -200,3 +205,36 @@ def test_external_benchmark_command_against_the_server(tmp_path: Path) -> None:
     assert trial["outcome"] == "ok", trial["failure"]
     assert trial["value"] > 0 and trial["metrics"]["completed"] == 32
     assert trial["value"] == pytest.approx(trial["metrics"]["tok_per_s"], rel=1e-3)
+
+
+MRR = {"type": "int", "low": 2, "high": 64, "flag": "--max-running-requests", "default": 32}
+
+
+def test_a_clearly_worse_trial_stops_early_recorded_stopped_not_infeasible(tmp_path: Path) -> None:
+    """A real load against a real simulated server is stopped once it cannot beat the best so far;
+    the model executor stops the same trial."""
+    cfg = write_study(tmp_path, "stop", {"max_running_requests": MRR})
+    autotune("study", "start", str(cfg), cwd=tmp_path)
+    storage = f"sqlite:///{tmp_path}/studies.db"
+    # A fourth of the baseline's running requests: about a third of its throughput.
+    optuna.load_study(study_name="stop", storage=storage).enqueue_trial({"max_running_requests": 8})
+    autotune("study", "start", str(cfg), "--trials", "2", cwd=tmp_path)
+    base, worse = show(tmp_path, "stop")["trials"]
+    assert base["outcome"] == "ok" and base["value"] > 0
+    assert worse["outcome"] == "stopped" and worse["state"] == "PRUNED", worse
+    assert worse["value"] is None and worse["failure"] is None
+    stop = worse["early_stop"]
+    assert stop["bound"] < stop["beat"] == pytest.approx(base["value"], rel=1e-3)  # the best so far
+    assert stop["share"] < 1 and worse["metrics"]["completed"] < 64  # its load was cut short
+    study = optuna.load_study(study_name="stop", storage=storage)
+    t = study.trials[1]
+    assert t.constraints["failure"] < 0 and t.intermediate_values  # not infeasible; ranked by what it showed
+    best = json.loads(autotune("study", "best", "stop", "--json", "--storage", storage, cwd=tmp_path).stdout)
+    assert best["number"] == 0
+    # The in-process benchmark's executor, on the same target and objective, stops it too.
+    config = StudyConfig.load(cfg)
+    ex = ModelExecutor.for_target(config, Objective.load_file(config.objective, config.objective_overrides), seed=None)
+    # (the model's start-up is the host's uncompressed minutes, longer than the test's ready timeout)
+    spec = TrialSpec(1, env={}, args=["--max-running-requests", "8"], ready_timeout_s=3600.0, beat_value=base["value"])
+    assert ex.result(spec).outcome == "stopped"
+    assert ex.result(dataclasses.replace(spec, beat_value=None)).outcome == "ok"

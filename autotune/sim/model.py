@@ -4,12 +4,16 @@ It is the same engine the HTTP server runs (:mod:`autotune.sim.engine` for memor
 :mod:`autotune.sim.scheduler` for continuous batching), driven by an ideal closed-loop client
 (``concurrency`` requests in flight, a finished one replaced at once), so the numbers are what
 ``sglang.bench_serving`` would measure against ``python -m autotune.sim serve``.
+
+The client can watch the run on the model's own clock as a load generator watches a real one
+(:data:`ProgressHook`, called after every forward) and stop it there; the prediction is then of
+the run so far (``Prediction.stopped_s``).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from autotune.sim.args import ServerArgs
 from autotune.sim.engine import EngineConfig, InvalidArgument, configure, noise_factor, startup_seconds
@@ -17,10 +21,15 @@ from autotune.sim.scenario import Scenario
 from autotune.sim.scheduler import Scheduler, SimRequest
 from autotune.sim.texts import summary
 
-__all__ = ["Outcome", "Prediction", "Workload", "predict", "OUTCOMES"]
+__all__ = ["Outcome", "Prediction", "ProgressHook", "Workload", "predict", "OUTCOMES"]
 
 OUTCOMES = ("ok", "not-enough-memory", "oom", "nccl-error", "crash-under-load", "invalid-argument")
 Outcome = str
+ProgressHook = Callable[[float, int, int, int], bool]
+"""``hook(elapsed_s, output_tokens, input_tokens, completed) -> stop``: the load's progress after a
+forward, on the model's clock from the first request (tokens delivered so far, in flight
+included; the prompts of requests whose first token came; requests completed). True stops the
+run there."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,8 @@ class Prediction:
     them (0 unless ``outcome == "ok"``). ``startup_s`` is the real (uncompressed) time to ready;
     ``failure_s`` the real time from launch to the failure (``None`` when ok). ``memory`` is the
     per-GPU budget in GiB. ``message`` is the failure's one-line text (empty when ok).
+    ``stopped_s``: the load's time when a :data:`ProgressHook` stopped it (throughputs and counts
+    are then of the run so far), else None.
     """
 
     outcome: Outcome
@@ -58,6 +69,7 @@ class Prediction:
     failure_s: float | None = None
     message: str = ""
     details: dict[str, Any] = field(default_factory=dict)
+    stopped_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,11 +113,12 @@ def startup_outcome(cfg: EngineConfig) -> tuple[str, str, float] | None:
 
 
 def predict(scenario: Scenario, args: ServerArgs, env: Mapping[str, str], workload: Workload = Workload(),
-            *, seed: int | None = None) -> Prediction:
+            *, seed: int | None = None, on_progress: ProgressHook | None = None) -> Prediction:
     """Predict the outcome and throughput of one launch configuration under ``workload``.
 
     ``seed=None`` gives the noise-free expectation; an integer gives the run the server started
-    with ``AUTOTUNE_SIM_SEED=seed`` would measure.
+    with ``AUTOTUNE_SIM_SEED=seed`` would measure. ``on_progress`` watches the load (and may stop
+    it: :data:`ProgressHook`).
     """
     try:
         cfg = configure(scenario, args, env)
@@ -116,16 +129,20 @@ def predict(scenario: Scenario, args: ServerArgs, env: Mapping[str, str], worklo
         return _fail(failed[0], failed[1], failed[2], cfg)
     startup = startup_seconds(cfg)["ready"]
     speed = noise_factor(cfg, seed) if seed is not None else 1.0
-    return run_closed_loop(cfg, workload, speed, startup)
+    return run_closed_loop(cfg, workload, speed, startup, on_progress=on_progress)
 
 
-def run_closed_loop(cfg: EngineConfig, workload: Workload, speed: float, startup: float) -> Prediction:
-    """Drive the scheduler with an ideal closed-loop client and measure like bench_serving."""
+def run_closed_loop(cfg: EngineConfig, workload: Workload, speed: float, startup: float,
+                    *, on_progress: ProgressHook | None = None) -> Prediction:
+    """Drive the scheduler with an ideal closed-loop client and measure like bench_serving;
+    ``on_progress`` is called after every forward and stops the run when it returns True."""
     sched = Scheduler(cfg, speed)
     w = workload
     now = 0.0
     sent = 0
     done = 0
+    started = 0  # requests whose first token came
+    stopped: float | None = None
     ttft: list[float] = []
     for _ in range(min(w.concurrency, w.num_prompts)):
         sched.add(SimRequest(sent, w.input_len, w.output_len, now))
@@ -143,7 +160,9 @@ def run_closed_loop(cfg: EngineConfig, workload: Workload, speed: float, startup
             msg = summary("load", cfg, f"{fwd.kind} of {fwd.tokens} tokens needs {fwd.oom_gb:.2f} GiB more")
             return _fail("crash-under-load", msg, startup + now, cfg)
         now += fwd.duration
-        _, finished = sched.apply(fwd, now)
+        gained, finished = sched.apply(fwd, now)
+        if fwd.kind == "prefill":
+            started += len(gained)  # a prefill's gainers are the requests it gave a first token
         for r in finished:
             done += 1
             if r.first_token_at is not None:
@@ -151,6 +170,9 @@ def run_closed_loop(cfg: EngineConfig, workload: Workload, speed: float, startup
             if sent < w.num_prompts:
                 sched.add(SimRequest(sent, w.input_len, w.output_len, now))
                 sent += 1
+        if on_progress is not None and on_progress(now, sched.generated_total, started * w.input_len, done):
+            stopped = now
+            break
     duration = max(now, 1e-9)
     out_tokens = done * w.output_len
     details = _details(cfg)
@@ -165,4 +187,5 @@ def run_closed_loop(cfg: EngineConfig, workload: Workload, speed: float, startup
         memory=cfg.memory.breakdown(),
         startup_s=round(startup, 3),
         details=details,
+        stopped_s=None if stopped is None else round(stopped, 3),
     )
