@@ -263,7 +263,7 @@ def test_parallel_tpe_lies_about_running_trials_and_starts_modelling_on_time() -
     serial, parallel = make_sampler("tpe", 0).tpe, make_sampler("tpe", 0, slots=3).tpe
     assert not serial._constant_liar and serial._n_startup_trials == TPE_STARTUP_TRIALS
     assert parallel._constant_liar and parallel._n_startup_trials == TPE_STARTUP_TRIALS - 2
-    assert make_sampler("tpe", 0, slots=20).tpe._n_startup_trials == 4
+    assert make_sampler("tpe", 0, slots=20).tpe._n_startup_trials == 2
 
 
 def test_gpu_slots_reach_the_server_as_cuda_visible_devices(tmp_path: Path) -> None:
