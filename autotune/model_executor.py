@@ -205,13 +205,16 @@ class ModelExecutor:
         """Simulated seconds of every trial answered so far."""
         return sum(c.seconds for c in self.costs)
 
-    def _noise_seed(self, spec: TrialSpec) -> int | None:
+    def _noise_seed(self, spec: TrialSpec, *, again: bool = False) -> int | None:
         """The noise seed of this measurement: the executor's for a launch's first, a fresh one
-        for each repeat of the same launch."""
+        for each repeat of the same launch; ``again``: the seed of the last measurement of this
+        launch (the same run looked at again, not a new one)."""
         if self.seed is None:
             return None
         key = (tuple(spec.args), tuple(sorted(spec.env.items())))
         repeat = self._launched.get(key, 0)
+        if again:
+            return _repeat_seed(self.seed, max(0, repeat - 1))
         self._launched[key] = repeat + 1
         return _repeat_seed(self.seed, repeat)
 
@@ -221,10 +224,11 @@ class ModelExecutor:
 
     def full_seconds(self, spec: TrialSpec) -> float:
         """What the trial of ``spec`` costs when its load is never stopped early."""
-        return self.result(dataclasses.replace(spec, beat_value=None)).duration_s
+        return self.result(dataclasses.replace(spec, beat_value=None), again=True).duration_s
 
-    def result(self, spec: TrialSpec) -> TrialResult:
-        """The result the real runner would return for ``spec`` on the simulated host."""
+    def result(self, spec: TrialSpec, *, again: bool = False) -> TrialResult:
+        """The result the real runner would return for ``spec`` on the simulated host
+        (``again``: the last run of this launch, not a new one)."""
         argv, env = self.launch(spec)
         result = TrialResult(spec.number, "ok", argv=argv, argv_template=[*argv], env=env, host=self.slot.host,
                              port=PORT)
@@ -238,7 +242,7 @@ class ModelExecutor:
             return _failed(result, "invalid-argument", str(exc), BAD_FLAG_S, timeout)
         rule = (StopRule(self.stop_metric, spec.beat_value, spec.beat_reason)
                 if self.stop_metric and spec.beat_value is not None else None)
-        p = predict(self.scenario, args, env, self.workload, seed=self._noise_seed(spec),
+        p = predict(self.scenario, args, env, self.workload, seed=self._noise_seed(spec, again=again),
                     on_progress=None if rule is None else self._watch(rule))
         if p.outcome == "crash-under-load":
             ready = startup_seconds(configure(self.scenario, args, env))["ready"]

@@ -207,7 +207,8 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         """A value of ``name`` from the part of its range the measured trials explored least
         (other than the current value's), ties broken at random; ``rank`` 1, 2, ... take the
         next least explored part (cycling), for a redraw."""
-        seen = [t.params[name] for t in finished if t.state == TrialState.COMPLETE and name in t.params]
+        seen = [t.params[name] for t in finished if name in t.params
+                and (t.state == TrialState.COMPLETE or t.user_attrs.get("outcome") == "stopped")]  # measured
         if isinstance(dist, CategoricalDistribution):
             counts = {i: 0 for i in range(len(dist.choices))}
             for v in seen:

@@ -115,10 +115,12 @@ def test_a_stop_request_answers_interrupted_faults() -> None:
 
 def test_a_clearly_worse_trial_stops_early_and_costs_only_its_time_until_then() -> None:
     setup = _setup()
-    ex = setup.executor(0)
-    best = ex.result(_spec(setup)).metrics["output_throughput"]
+    # A fresh executor per launch: the executor draws fresh noise for a repeat of a launch, and
+    # these compare one launch measured with and without a value to beat.
+    best = setup.executor(0).result(_spec(setup)).metrics["output_throughput"]
     worse = _spec(setup, 5, max_running_requests=16)  # a third of the baseline's throughput
-    full = ex.result(worse)
+    full = setup.executor(0).result(worse)
+    ex = setup.executor(0)
     assert full.outcome == "ok" and full.metrics["output_throughput"] < best / 2 and full.early_stop is None
     spec = dataclasses.replace(worse, beat_value=best)
     ex.submit(spec, ex.slots()[0], lambda phase, detail: None)
@@ -132,7 +134,7 @@ def test_a_clearly_worse_trial_stops_early_and_costs_only_its_time_until_then() 
     [cost] = ex.costs
     assert (cost.outcome, cost.seconds, cost.full_seconds) == ("stopped", r.duration_s, full.duration_s)
     # The same trial against a best it would have beaten (by 0.1%) runs to its end, as without one.
-    beaten = ex.result(dataclasses.replace(worse, beat_value=full.metrics["output_throughput"] * 0.999))
+    beaten = setup.executor(0).result(dataclasses.replace(worse, beat_value=full.metrics["output_throughput"] * 0.999))
     assert beaten.outcome == "ok" and beaten.metrics == full.metrics and beaten.duration_s == full.duration_s
     # With early stopping off in the objective, nothing stops.
     off = Setup(GLM, "sglang_nccl", "quick", None, early_stop=False).executor(0)
@@ -145,19 +147,18 @@ def test_no_configuration_is_stopped_against_a_value_it_beats(scenario: str, dra
     against a value to beat just below its own final value, all run to their end; against twice
     that value, each stops."""
     setup = _setup(scenario)
-    ex = setup.executor(3)
     probe = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=5))
     measured = 0
     for _ in range(draws):
         launch = setup.space.to_launch(probe.ask(setup.space.distributions()).params)  # rules repaired
         spec = TrialSpec(0, env=launch.env, args=launch.args, ready_timeout_s=LONG)
-        full = ex.result(spec)
+        full = setup.executor(3).result(spec)  # a fresh executor: each launch its first, same noise
         if full.outcome != "ok":
             continue
         measured += 1
         value = full.metrics["output_throughput"]
-        assert ex.result(dataclasses.replace(spec, beat_value=value * 0.9999)).outcome == "ok"
-        assert ex.result(dataclasses.replace(spec, beat_value=value * 2)).outcome == "stopped"
+        assert setup.executor(3).result(dataclasses.replace(spec, beat_value=value * 0.9999)).outcome == "ok"
+        assert setup.executor(3).result(dataclasses.replace(spec, beat_value=value * 2)).outcome == "stopped"
     assert measured >= 5
 
 

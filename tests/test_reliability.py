@@ -70,7 +70,7 @@ def _write_study(tmp: Path, name: str, *, trials: int = 1, env: dict[str, str] |
                    "env": {"NCCL_IB_DISABLE": "1", **(env or {})}},
         "space": str(space),
         "objective": "quick",
-        "objective_overrides": {"load": load or FAST},
+        "objective_overrides": {"load": load or FAST, "early_stop": False},  # these trials measure to the end
         "budget": {"trials": trials},
         "storage": storage or f"sqlite:///{tmp}/studies.db",
         "seed": 1,

@@ -14,6 +14,7 @@
 #      concurrency (tuning it as a free parameter would just pick the largest one);
 #   4. writes to $OUT: summary.json and summary.md (per trial: outcome, failure kind, throughput,
 #      startup_s; best per study vs the baseline), show-c<N>.json (`study show --json`),
+#      best-c<N>.json (`study best --json`: the mean of the best's measurements and their count),
 #      run.log, env.txt (versions, GPU) and logs.tar.gz (every trial's server log).
 #
 # Run it from the repo root with .whl carried, e.g. through the device tool:
@@ -124,6 +125,8 @@ EOF
   timeout -s INT -k 20 "$SLICE" "$PY" -m autotune study start "$WORK/$NAME.yaml"
   say "study $NAME exited with $?"
   "$PY" -m autotune study show "$NAME" --storage "$STORAGE" --json > "$OUT/show-c$C.json" 2>/dev/null
+  # the best as `study best` reports it: the mean of its measurements (confirmation runs), count, interval
+  "$PY" -m autotune study best "$NAME" --storage "$STORAGE" --json > "$OUT/best-c$C.json" 2>/dev/null
 done
 
 # 4. results --------------------------------------------------------------------------------------
