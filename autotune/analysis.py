@@ -100,7 +100,20 @@ MIN_SUPPORT = 3
 """Fewest failures a crash rule rests on."""
 MIN_PRECISION = 0.8
 ALPHA = 0.03
-"""Chance (hypergeometric tail) a one-condition rule must be below."""
+"""Chance (hypergeometric tail) a one-condition rule must be below..."""
+ALPHA_FAMILY = 0.05
+"""...and the share of outcome permutations in which some condition does as well (Westfall-Young)."""
+PERMUTATIONS = 199
+PERMUTATION_SEED = 0
+MAX_RIVALS = 3
+"""Conditions the data cannot tell from a rule, named with it at most."""
+LOOKAHEAD = 4
+"""Acceptable rules (the surest) a cover step compares by what each leaves to the others."""
+STAGES = {"invalid-argument": 0, "not-enough-memory": 1, "crash-under-load": 3, "request-errors": 3}
+"""Where in a trial a failure kind happens: the arguments, sizing the KV pool (before any NCCL
+collective: its buffers are allocated lazily, out of the headroom), the rest of start-up (out of
+memory, NCCL errors, timeouts: ``LATER_UNKNOWN``), under load."""
+LATER_UNKNOWN = 2
 ALPHA_PAIR = 0.001
 ALPHA_ALONE = 0.01
 """Each condition of a pair must go with the failures on its own below this chance..."""
@@ -165,9 +178,10 @@ class FailureRule:
 
     ``trials``: the failures attributed to this rule (each failure to one rule); ``other_failures``:
     covered trials that failed with another kind; ``p_value``: the chance of at least ``failed``
-    failures of ``kind`` among ``covered`` trials drawn at random from the study; ``also_in_all``:
-    values of other parameters that every one of those failures also had (a confound the data
-    cannot resolve).
+    failures of ``kind`` among the covered trials that could show it, drawn at random from the
+    study's (its failures, successes, failures later in a trial); ``confounded_with``: conditions
+    on other parameters that every one of those failures also had and no more trials refute (a
+    confound the data cannot resolve: the rule is one of them).
     """
 
     conditions: tuple[Condition, ...]
@@ -177,7 +191,7 @@ class FailureRule:
     trials: list[int] = field(default_factory=list)
     other_failures: int = 0
     p_value: float = 1.0
-    also_in_all: list[str] = field(default_factory=list)
+    confounded_with: list[Condition] = field(default_factory=list)
 
     @property
     def condition(self) -> str:
@@ -196,7 +210,8 @@ class FailureRule:
             "other_failures": self.other_failures,
             "trials": list(self.trials),
             "p_value": float(f"{self.p_value:.3g}"),
-            "also_in_all": list(self.also_in_all),
+            "confounded_with": [str(c) for c in self.confounded_with],
+            "confounded_conditions": [c.to_json() for c in self.confounded_with],
         }
 
 
@@ -308,62 +323,171 @@ def hypergeom_tail(population: int, successes: int, draws: int, observed: int) -
     return min(1.0, total)
 
 
+def _tail_table(population: int, successes: int) -> np.ndarray:
+    """``T[d, x]`` = P(X >= x) for X ~ Hypergeometric(population, successes, d), every ``d`` in
+    ``0..population`` and ``x`` in ``0..successes + 1`` (the last column 0)."""
+    lf = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, population + 1, dtype=float)))])
+    d = np.arange(population + 1)[:, None]
+    x = np.arange(successes + 1)[None, :]
+    ok = (x <= d) & (d - x <= population - successes)
+    with np.errstate(invalid="ignore"):
+        log_p = (lf[successes] - lf[x] - lf[np.maximum(successes - x, 0)]
+                 + lf[population - successes] - lf[np.clip(d - x, 0, None)]
+                 - lf[np.clip(population - successes - (d - x), 0, None)]
+                 - (lf[population] - lf[d] - lf[population - d]))
+    pmf = np.where(ok, np.exp(np.where(ok, log_p, 0.0)), 0.0)
+    tail = np.cumsum(pmf[:, ::-1], axis=1)[:, ::-1]
+    return np.minimum(1.0, np.concatenate([tail, np.zeros((population + 1, 1))], axis=1))
+
+
+def _stage(kind: str) -> int:
+    return STAGES.get(kind, LATER_UNKNOWN)
+
+
 def _rule_settings() -> dict[str, Any]:
     """The crash rules' settings (the module's constants), as ``explain`` reports them."""
-    return {"min_support": MIN_SUPPORT, "min_precision": MIN_PRECISION, "alpha": ALPHA, "alpha_pair": ALPHA_PAIR,
-            "alpha_within": ALPHA_WITHIN, "other_weight": OTHER_WEIGHT, "excused_weight": EXCUSED_WEIGHT,
-            "alpha_alone": ALPHA_ALONE}
+    return {"min_support": MIN_SUPPORT, "min_precision": MIN_PRECISION, "alpha": ALPHA, "alpha_family": ALPHA_FAMILY,
+            "permutations": PERMUTATIONS, "alpha_pair": ALPHA_PAIR, "alpha_alone": ALPHA_ALONE,
+            "alpha_within": ALPHA_WITHIN, "other_weight": OTHER_WEIGHT, "excused_weight": EXCUSED_WEIGHT}
+
+
+Chosen = tuple[tuple[int, ...], np.ndarray, list[int]]
+"""A rule found by the cover: its condition indices, the rows it covers, and its rivals."""
 
 
 def _cover_kind(kind_fail: np.ndarray, weight: np.ndarray, conds: list[Condition], masks: np.ndarray,
-                params_of: np.ndarray) -> list[tuple[tuple[int, ...], np.ndarray]]:
+                params_of: np.ndarray) -> list[Chosen]:
     """Sequential greedy cover of the failures ``kind_fail`` (bool per row). ``weight``: how much
-    each other row counts against a rule covering it (0: excused). Each rule is judged on the rows
-    no earlier rule covers (its failures are explained, its other rows accounted for). Returns the
-    chosen (condition indices, mask) in the order chosen."""
+    each other row counts against a rule covering it (0: excused; 1: a success, or a failure
+    later in the trial than this kind). Each rule is judged on the rows no earlier rule covers (its
+    failures are explained, its other rows accounted for). Returns the chosen (condition indices,
+    mask, rivals) in the order chosen."""
     counted = kind_fail | (weight > 0)
     against = counted & ~kind_fail
+    hard = against & (weight >= 1.0)
     active = np.ones(len(kind_fail), dtype=bool)
-    chosen: list[tuple[tuple[int, ...], np.ndarray]] = []
+    chosen: list[Chosen] = []
     if int(kind_fail.sum()) < MIN_SUPPORT or not len(conds):
         return chosen
+    rng = np.random.default_rng(PERMUTATION_SEED)
 
-    def stats(rows_a: np.ndarray, rows_b: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
-        """Failures, weighted and plain counts against, and rows covered, of every condition (or
-        pair of conditions ``rows_a`` x ``rows_b``), over the active rows."""
-        f, g = kind_fail & active, against & active
+    def stats(rows_a: np.ndarray, rows_b: np.ndarray | None = None, act: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        """Failures, weighted count against, informative trials against (``hard``) and rows covered,
+        of every condition (or pair of conditions ``rows_a`` x ``rows_b``), over the active rows
+        (``act``, default the cover's)."""
+        act = active if act is None else act
+        f, g, h = kind_fail & act, against & act, hard & act
         ma, mg = masks[rows_a][:, f].astype(np.float64), masks[rows_a][:, g].astype(np.float64)
-        mc = masks[rows_a][:, active].astype(np.float64)
+        mh, mc = masks[rows_a][:, h].astype(np.float64), masks[rows_a][:, act].astype(np.float64)
         if rows_b is None:
-            return ma.sum(axis=1), mg @ weight[g], mg.sum(axis=1), mc.sum(axis=1)
+            return ma.sum(axis=1), mg @ weight[g], mh.sum(axis=1), mc.sum(axis=1)
         mb, nb = masks[rows_b][:, f].astype(np.float64), masks[rows_b][:, g].astype(np.float64)
-        cb = masks[rows_b][:, active].astype(np.float64)
-        return ma @ mb.T, (mg * weight[g]) @ nb.T, mg @ nb.T, mc @ cb.T
+        hb, cb = masks[rows_b][:, h].astype(np.float64), masks[rows_b][:, act].astype(np.float64)
+        return ma @ mb.T, (mg * weight[g]) @ nb.T, mh @ hb.T, mc @ cb.T
 
-    def chance(fail: float, nag: float) -> float:
-        population = int((counted & active).sum())
-        return hypergeom_tail(population, int((kind_fail & active).sum()), int(fail + nag), int(fail))
+    def chance(fail: float, nag: float, act: np.ndarray | None = None) -> float:
+        """Of the informative trials (those that could show ``kind``: its failures, successes and
+        failures later in a trial), the chance that ``fail + nag`` drawn at random hold ``fail``
+        failures or more."""
+        act = active if act is None else act
+        population = int(((kind_fail | hard) & act).sum())
+        return hypergeom_tail(population, int((kind_fail & act).sum()), int(fail + nag), int(fail))
+
+    def next_gain(j: int, options: list[int]) -> float:
+        """Failures the surest other option would still explain, as a rule, once ``j`` is taken."""
+        act = active & ~masks[j]
+        others = np.array([c for c in options if c != j], dtype=int)
+        fail, agn, nag, _ = stats(others, act=act)
+        for pos in range(len(others)):
+            if (fail[pos] >= MIN_SUPPORT and fail[pos] >= MIN_PRECISION * (fail[pos] + agn[pos]) - 1e-9
+                    and chance(fail[pos], nag[pos], act) <= ALPHA):
+                return float(fail[pos])
+        return 0.0
+
+    def family_bound() -> float:
+        """The largest chance a one-condition rule may have so that, had the failures nothing to do
+        with the parameters, a rule as sure would turn up among all the conditions in fewer than
+        ``ALPHA_FAMILY`` of the permutations of the outcomes over the active rows (Westfall-Young):
+        the search over every parameter and threshold is paid for, and the sampler's habits (which
+        parameters moved together) are kept, since only the outcomes are shuffled."""
+        rows = np.flatnonzero(counted & active)
+        m = np.unique(masks[:, rows], axis=0).astype(np.float32)
+        k = kind_fail[rows].astype(np.float32)
+        w = np.where(kind_fail[rows], 0.0, weight[rows]).astype(np.float32)
+        informative = (kind_fail | hard)[rows].astype(np.float32)
+        table = _tail_table(int(informative.sum()), int(k.sum()))
+        perms = np.argsort(rng.random((PERMUTATIONS, len(rows))), axis=1)
+        fail = m @ k[perms].T
+        agn = m @ w[perms].T
+        draws = m @ informative[perms].T
+        valid = (fail >= MIN_SUPPORT) & (fail >= MIN_PRECISION * (fail + agn) - 1e-6)
+        p = np.where(valid, table[np.rint(draws).astype(int), np.rint(fail).astype(int)], 1.0)
+        least = np.sort(p.min(axis=0))
+        allowed = int(math.floor(ALPHA_FAMILY * (PERMUTATIONS + 1))) - 1
+        return float(least[allowed]) if allowed < PERMUTATIONS else 1.0
 
     def pick(fail: np.ndarray, agn: np.ndarray, nag: np.ndarray, cov: np.ndarray, alpha: float,
-             extra_ok: Any = None) -> int | None:
+             extra_ok: Any = None, family: bool = False, count: int = 1) -> list[int]:
+        """Up to ``count`` acceptable candidates, surest first: the lower bound of the precision
+        (purity and support together, so a pure rule takes its failures before a broader, less
+        pure one that covers some of them too), then the most failures net of what counts
+        against, then the tightest (fewest rows)."""
         prec = fail / np.maximum(fail + agn, 1e-9)
         idx = np.flatnonzero((fail >= MIN_SUPPORT) & (prec >= MIN_PRECISION))
+        out: list[int] = []
         if not len(idx):
-            return None
-        # surest first (the lower bound of the precision: purity and support together, so a pure
-        # rule takes its failures before a broader, less pure one that covers some of them too),
-        # then the most failures net of what counts against, then the tightest (fewest rows)
+            return out
+        bound: list[float] = []
         lb = _wilson_low(fail[idx], fail[idx] + agn[idx])
         keys = np.lexsort((idx, cov[idx], -(fail[idx] - agn[idx]), -np.round(lb, 6)))
         for j in idx[keys][:MAX_RANKED]:
-            if chance(fail[j], nag[j]) <= alpha and (extra_ok is None or extra_ok(int(j))):
-                return int(j)
-        return None
+            p = chance(fail[j], nag[j])
+            if p > alpha:
+                continue
+            if family:
+                if not bound:
+                    bound.append(family_bound())
+                if p >= bound[0]:
+                    continue
+            if extra_ok is None or extra_ok(int(j)):
+                out.append(int(j))
+                if len(out) >= count:
+                    break
+        return out
+
+    def rivals(idx: tuple[int, ...], mask: np.ndarray) -> Chosen:
+        """The rule, and the conditions on other parameters that hold in every failure it explains,
+        are refuted by no more trials than it (successes, later failures; a failure at the same
+        stage may have come first) and go with the failures on their own: the data cannot tell
+        them from the rule (tightest first). A rival that explains more failures, and is a rule
+        by itself, takes the rule's place."""
+        f = mask & kind_fail & active
+        ok = masks[:, f].all(axis=1) & ~np.isin(params_of, [params_of[i] for i in idx])
+        ok &= masks[:, hard & active].sum(axis=1) <= int((mask & hard & active).sum())
+        cand = np.flatnonzero(ok)
+        if not len(cand):
+            return idx, mask, []
+        fail, agn, nag, cov = stats(cand)
+        found: dict[tuple[str, str], int] = {}
+        for pos, c in enumerate(cand):
+            if chance(fail[pos], nag[pos]) > ALPHA:
+                continue
+            if fail[pos] > f.sum() and fail[pos] >= MIN_PRECISION * (fail[pos] + agn[pos]):
+                return rivals((int(c),), masks[c])
+            key = (str(params_of[c]), conds[c].op if conds[c].op != "=" else f"={conds[c].value!r}")
+            if key not in found or cov[pos] < cov[found[key]]:
+                found[key] = pos
+        ranked = sorted(found.values(), key=lambda pos: (cov[pos], cand[pos]))
+        return idx, mask, [int(cand[pos]) for pos in ranked[:MAX_RIVALS]]
 
     every = np.arange(len(conds))
     while int((kind_fail & active).sum()) >= MIN_SUPPORT:
         fail1, agn1, nag1, cov1 = stats(every)
-        j = pick(fail1, agn1, nag1, cov1, ALPHA)
+        # of the surest few acceptable rules, the one that leaves the most to the others: a rule
+        # over the failures of two causes (channels >= 10 over both the Tree trials and the
+        # buffer ones) leaves the Tree rule too few, the Tree rule leaves the channels rule enough
+        options = pick(fail1, agn1, nag1, cov1, ALPHA, family=True, count=LOOKAHEAD)
+        j = max(options, key=lambda c: fail1[c] + next_gain(c, options)) if len(options) > 1 else next(iter(options), None)
         best_single = float(_wilson_low(fail1[j], fail1[j] + agn1[j])) if j is not None else -np.inf
         # two conditions, when the pair explains more, net of what counts against, than any one
         # condition: each must matter given the other (both_needed)
@@ -391,28 +515,19 @@ def _cover_kind(kind_fail: np.ndarray, weight: np.ndarray, conds: list[Condition
                         return False
                 return True
 
-            flat = pick(fail2.ravel(), agn2.ravel(), nag2.ravel(), cov2.ravel(), ALPHA_PAIR, both_needed)
+            flat = next(iter(pick(fail2.ravel(), agn2.ravel(), nag2.ravel(), cov2.ravel(), ALPHA_PAIR, both_needed)), None)
             if flat is not None:
                 a, b = divmod(flat, n)
                 pair = (int(cand[a]), int(cand[b]))
         if pair is not None:
             mask = masks[pair[0]] & masks[pair[1]]
-            chosen.append((pair, mask))
+            chosen.append(rivals(pair, mask))
         elif j is not None:
-            mask = masks[j]
-            chosen.append(((j,), mask))
+            chosen.append(rivals((j,), masks[j]))
         else:
             break
-        active &= ~mask
+        active &= ~chosen[-1][1]
     return chosen
-
-
-def _aliases(conds: list[Condition], masks: np.ndarray, idx: tuple[int, ...], failed: np.ndarray) -> list[str]:
-    """Categorical values on other parameters that every failure of a rule also had: the data
-    cannot tell the rule from them (the sampler may have set them together)."""
-    mine = {conds[i].param for i in idx}
-    return [str(c) for c, m in zip(conds, masks)
-            if c.op == "=" and c.param not in mine and bool(m[failed].all()) and int(m.sum()) < len(m)]
 
 
 def failure_rules(views: Sequence[TrialView]) -> RuleReport:
@@ -421,16 +536,22 @@ def failure_rules(views: Sequence[TrialView]) -> RuleReport:
     n = len(rows)
     crashed = np.array([_crashed(v) for v in rows], dtype=bool)
     kinds_of = np.array([(v.failure_kind or "?") if c else "" for v, c in zip(rows, crashed)], dtype=object)
+    stage_of = np.array([_stage(k) if k else -1 for k in kinds_of])
     kinds = sorted({k for k in kinds_of if k})
     conds, masks = candidate_conditions(rows)
     params_of = np.array([c.param for c in conds], dtype=object)
-    Found = dict[str, list[tuple[tuple[int, ...], np.ndarray]]]
+    Found = dict[str, list[Chosen]]
 
     def weights(kind: str, explained: np.ndarray) -> np.ndarray:
-        """Against a rule of ``kind``: a success 1, a failure of another kind no rule explains
-        ``other_weight``, one that a rule of its kind explains 0."""
+        """Against a rule of ``kind``: a success 1; a failure of another kind that happens later
+        in a trial 1 (the trial got past where ``kind`` happens), earlier 0 (it never got
+        there), at the same stage ``OTHER_WEIGHT``, or ``EXCUSED_WEIGHT`` once a rule of its own
+        kind explains it; a failure of ``kind`` 0."""
+        stage = _stage(kind)
         w = np.where(crashed, OTHER_WEIGHT, 1.0)
         w[explained & (kinds_of != kind)] = EXCUSED_WEIGHT
+        w[crashed & (stage_of > stage)] = 1.0
+        w[crashed & (stage_of < stage)] = 0.0
         w[kinds_of == kind] = 0.0
         return w
 
@@ -441,7 +562,7 @@ def failure_rules(views: Sequence[TrialView]) -> RuleReport:
     def explained_by(found: Found) -> np.ndarray:
         out = np.zeros(n, dtype=bool)
         for kind, chosen in found.items():
-            for _, mask in chosen:
+            for _, mask, _ in chosen:
                 out |= mask & (kinds_of == kind)
         return out
 
@@ -451,9 +572,9 @@ def failure_rules(views: Sequence[TrialView]) -> RuleReport:
     unexplained: dict[str, list[int]] = {}
     for kind in kinds:
         kind_fail = kinds_of == kind
-        counted = kind_fail | (weights(kind, explained) > 0)
+        informative = kind_fail | (weights(kind, explained) >= 1.0)
         left = kind_fail.copy()
-        for idx, mask in found[kind]:
+        for idx, mask, rival in found[kind]:
             mine = mask & left
             left &= ~mask
             failed = int((mask & kind_fail).sum())
@@ -461,8 +582,8 @@ def failure_rules(views: Sequence[TrialView]) -> RuleReport:
                 conditions=tuple(conds[i] for i in idx), kind=kind, failed=failed, covered=int(mask.sum()),
                 trials=[rows[i].number for i in np.flatnonzero(mine)],
                 other_failures=int((mask & crashed & ~kind_fail).sum()),
-                p_value=hypergeom_tail(int(counted.sum()), int(kind_fail.sum()), int((mask & counted).sum()), failed),
-                also_in_all=_aliases(conds, masks, idx, mask & kind_fail),
+                p_value=hypergeom_tail(int(informative.sum()), int(kind_fail.sum()), int((mask & informative).sum()), failed),
+                confounded_with=[conds[i] for i in rival],
             ))
         if left.any():
             unexplained[kind] = [rows[i].number for i in np.flatnonzero(left)]

@@ -426,8 +426,9 @@ def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool 
         _out.print(Text("what crashes", "bold"), Text("(rule -> kind (failed of covered); each failure attributed to one rule)"))
     for rule in rules:
         _out.print(Text(f"  {rule['rule']}  trials {', '.join(map(str, rule['trials']))}"))
-        if rule.get("also_in_all"):
-            _out.print(Text(f"    (every one of them also had {' and '.join(rule['also_in_all'])}: not told apart)"))
+        if rule.get("confounded_with"):
+            _out.print(Text(f"    not told apart from {' or '.join(rule['confounded_with'])}: every one of these "
+                            "failures also had it, and no more trials refute it"))
     if left["count"]:
         kinds = ", ".join(f"{k} x{n}" for k, n in left["kinds"].items())
         noun = "failure" if left["count"] == 1 else "failures"

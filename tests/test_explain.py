@@ -105,7 +105,7 @@ def test_a_confound_the_data_cannot_resolve_is_named(tmp_path: Path) -> None:
     (rule,) = explain(study)["failure_rules"]
     assert rule["kind"] == "nccl-error" and len(rule["trials"]) == 4
     assert {str(c["value"]) for c in rule["conditions"]} <= {"Tree", "LL"}
-    assert rule["also_in_all"] == ["NCCL_PROTO=LL" if rule["conditions"][0]["value"] == "Tree" else "NCCL_ALGO=Tree"]
+    assert rule["confounded_with"] == ["NCCL_PROTO=LL" if rule["conditions"][0]["value"] == "Tree" else "NCCL_ALGO=Tree"]
 
 
 def test_kinds_are_not_merged(tmp_path: Path) -> None:
