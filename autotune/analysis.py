@@ -115,7 +115,7 @@ collective: its buffers are allocated lazily, out of the headroom), the rest of 
 memory, NCCL errors, timeouts: ``LATER_UNKNOWN``), under load."""
 LATER_UNKNOWN = 2
 ALPHA_PAIR = 0.001
-ALPHA_ALONE = 0.01
+ALPHA_ALONE = 0.05
 """Each condition of a pair must go with the failures on its own below this chance..."""
 ALPHA_WITHIN = 0.005
 """...and pick them out among the trials the other condition covers below this chance."""
@@ -502,7 +502,10 @@ def _cover_kind(kind_fail: np.ndarray, weight: np.ndarray, conds: list[Condition
             n = len(cand)
             fail2, agn2, nag2, cov2 = stats(cand, cand)
             allowed = np.triu(np.ones((n, n), dtype=bool), k=1) & (params_of[cand][:, None] != params_of[cand][None, :])
-            fail2 = np.where(allowed & (_wilson_low(fail2, fail2 + agn2) > best_single), fail2, 0.0)
+            # a pair only where it is clean (no success, no later failure covered) and surer than
+            # any one condition: two thresholds fitted to the data need no counterexample
+            clean = nag2 == 0
+            fail2 = np.where(allowed & clean & (_wilson_low(fail2, fail2 + agn2) > best_single), fail2, 0.0)
 
             def both_needed(flat: int, n: int = n, cand: np.ndarray = cand, fail1: np.ndarray = fail1,
                             nag1: np.ndarray = nag1, fail2: np.ndarray = fail2, nag2: np.ndarray = nag2) -> bool:
