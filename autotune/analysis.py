@@ -87,46 +87,15 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import optuna
 from optuna.trial import TrialState
 
+from autotune.crash_rules import MIN_SUPPORT, failure_rules, finished, is_number, rule_settings
 from autotune.study_view import TrialView, view
 
-MIN_SUPPORT = 3
-"""Fewest failures a crash rule rests on."""
-MIN_PRECISION = 0.8
-ALPHA = 0.03
-"""Chance (hypergeometric tail) a one-condition rule must be below..."""
-ALPHA_FAMILY = 0.05
-"""...and the share of outcome permutations in which some condition does as well (Westfall-Young)."""
-PERMUTATIONS = 199
-PERMUTATION_SEED = 0
-MAX_RIVALS = 3
-"""Conditions the data cannot tell from a rule, named with it at most."""
-LOOKAHEAD = 4
-"""Acceptable rules (the surest) a cover step compares by what each leaves to the others."""
-STAGES = {"invalid-argument": 0, "not-enough-memory": 1, "crash-under-load": 3, "request-errors": 3}
-"""Where in a trial a failure kind happens: the arguments, sizing the KV pool (before any NCCL
-collective: its buffers are allocated lazily, out of the headroom), the rest of start-up (out of
-memory, NCCL errors, timeouts: ``LATER_UNKNOWN``), under load."""
-LATER_UNKNOWN = 2
-ALPHA_PAIR = 0.001
-ALPHA_ALONE = 0.05
-"""Each condition of a pair must go with the failures on its own below this chance..."""
-ALPHA_WITHIN = 0.005
-"""...and pick them out among the trials the other condition covers below this chance."""
-OTHER_WEIGHT = 0.5
-"""How much a failure of another kind counts against a rule (a success: 1)..."""
-EXCUSED_WEIGHT = 0.25
-"""...and once a rule of its own kind explains it."""
-MAX_PAIR_CANDIDATES = 400
-"""Conditions (those with the most failures) tried in pairs."""
-MAX_RANKED = 500
-"""Candidates tested for chance, surest first, before a cover step gives up."""
 MIN_TRIALS = 20
 """Fewest trials (feasible ones for the objective, finished ones for feasibility) for importances."""
 RESAMPLES = 40
@@ -141,457 +110,6 @@ NO_EFFECT_MIN_TRIALS = 40
 MIN_GROUP = 5
 """A value (or bin) tried fewer times than this leaves its effect unknown: no "no measurable effect"."""
 INTERVAL = (5.0, 95.0)
-NOT_A_CRASH = ("slo-violated",)
-
-
-# -- conditions and rules ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Condition:
-    """``param op value`` with ``op`` one of ``=``, ``>=``, ``<=``."""
-
-    param: str
-    op: str
-    value: Any
-
-    def holds(self, params: dict[str, Any]) -> bool:
-        v = params.get(self.param)
-        if v is None:
-            return False
-        if self.op == "=":
-            return bool(v == self.value and isinstance(v, bool) == isinstance(self.value, bool))
-        if not _is_number(v):
-            return False
-        return bool(v >= self.value) if self.op == ">=" else bool(v <= self.value)
-
-    def __str__(self) -> str:
-        if self.op == "=":
-            return f"{self.param}={_fmt(self.value)}"
-        return f"{self.param} {self.op} {_fmt(self.value)}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"param": self.param, "op": self.op, "value": self.value}
-
-
-@dataclass
-class FailureRule:
-    """``conditions`` held in ``covered`` finished trials, ``failed`` of which failed with ``kind``.
-
-    ``trials``: the failures attributed to this rule (each failure to one rule); ``other_failures``:
-    covered trials that failed with another kind; ``p_value``: the chance of at least ``failed``
-    failures of ``kind`` among the covered trials that could show it, drawn at random from the
-    study's (its failures, successes, failures later in a trial); ``confounded_with``: conditions
-    on other parameters that every one of those failures also had and no more trials refute (a
-    confound the data cannot resolve: the rule is one of them).
-    """
-
-    conditions: tuple[Condition, ...]
-    kind: str
-    failed: int
-    covered: int
-    trials: list[int] = field(default_factory=list)
-    other_failures: int = 0
-    p_value: float = 1.0
-    confounded_with: list[Condition] = field(default_factory=list)
-
-    @property
-    def condition(self) -> str:
-        return " & ".join(str(c) for c in self.conditions)
-
-    def __str__(self) -> str:
-        return f"{self.condition} -> {self.kind} ({self.failed} of {self.covered})"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "rule": str(self),
-            "condition": self.condition,
-            "conditions": [c.to_json() for c in self.conditions],
-            "kind": self.kind,
-            "support": {"failed": self.failed, "covered": self.covered},
-            "other_failures": self.other_failures,
-            "trials": list(self.trials),
-            "p_value": float(f"{self.p_value:.3g}"),
-            "confounded_with": [str(c) for c in self.confounded_with],
-            "confounded_conditions": [c.to_json() for c in self.confounded_with],
-        }
-
-
-@dataclass
-class RuleReport:
-    """The rules, and the failures no rule explains (trial numbers per kind)."""
-
-    rules: list[FailureRule]
-    unexplained: dict[str, list[int]]
-    finished: int
-
-    def unexplained_json(self) -> dict[str, Any]:
-        trials = sorted(n for ns in self.unexplained.values() for n in ns)
-        return {"count": len(trials), "trials": trials,
-                "kinds": {k: len(v) for k, v in sorted(self.unexplained.items()) if v}}
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
-
-
-def _fmt(x: Any) -> str:
-    if isinstance(x, float):
-        return f"{x:g}" if abs(x) < 1e6 else str(int(x)) if x.is_integer() else repr(x)
-    return str(x)
-
-
-def _crashed(v: TrialView) -> bool:
-    return v.outcome == "infeasible" and (v.failure_kind or "") not in NOT_A_CRASH
-
-
-def _finished(views: Sequence[TrialView]) -> list[TrialView]:
-    return [v for v in views if v.outcome in ("ok", "infeasible")]
-
-
-def candidate_conditions(rows: Sequence[TrialView]) -> tuple[list[Condition], np.ndarray]:
-    """Every condition worth testing, and which rows each holds in (a conditions x rows matrix).
-
-    Numeric parameters (every value a number): ``P >= x`` and ``P <= x`` at each observed ``x``
-    that leaves at least one row out; others: ``P=v`` for each observed ``v``. A parameter with
-    one value says nothing.
-    """
-    names = sorted({k for v in rows for k in v.params})
-    conds: list[Condition] = []
-    masks: list[np.ndarray] = []
-    for name in names:
-        values = [v.params.get(name) for v in rows]
-        present = [x for x in values if x is not None]
-        distinct = sorted(set(map(repr, present)))
-        if len(distinct) < 2:
-            continue
-        if all(_is_number(x) for x in present):
-            arr = np.array([float(x) if x is not None else np.nan for x in values])
-            uniq = sorted(set(present))
-            for x in uniq[1:]:
-                conds.append(Condition(name, ">=", x))
-                masks.append(arr >= float(x))
-            for x in uniq[:-1]:
-                conds.append(Condition(name, "<=", x))
-                masks.append(arr <= float(x))
-        else:
-            seen: dict[str, Any] = {}
-            for x in present:
-                seen.setdefault(repr(x), x)
-            for x in seen.values():
-                c = Condition(name, "=", x)
-                conds.append(c)
-                masks.append(np.array([c.holds(v.params) for v in rows]))
-            # choices such as [unset, 2, 3, 4]: ``P >= 2`` says "set, to at least 2"
-            numbers = sorted({x for x in present if _is_number(x)})
-            arr = np.array([float(x) if _is_number(x) else np.nan for x in values])
-            for x in numbers[1:]:
-                conds.append(Condition(name, ">=", x))
-                masks.append(arr >= float(x))
-            for x in numbers[:-1] if len(numbers) > 1 else []:
-                conds.append(Condition(name, "<=", x))
-                masks.append(arr <= float(x))
-            if numbers and len(numbers) < len(seen):
-                conds.append(Condition(name, ">=", numbers[0]))
-                masks.append(arr >= float(numbers[0]))
-    if not masks:
-        return [], np.zeros((0, len(rows)), dtype=bool)
-    return conds, np.vstack(masks)
-
-
-def _wilson_low(k: Any, n: Any, z: float = 1.28) -> Any:
-    """Lower end of the Wilson interval (90 % two-sided) of a proportion ``k`` of ``n``."""
-    k, n = np.asarray(k, dtype=float), np.maximum(np.asarray(n, dtype=float), 1e-9)
-    p = k / n
-    centre = p + z * z / (2 * n)
-    half = z * np.sqrt(np.maximum(p * (1 - p) / n + z * z / (4 * n * n), 0.0))
-    return (centre - half) / (1 + z * z / n)
-
-
-def _log_comb(n: int, k: int) -> float:
-    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
-
-
-def hypergeom_tail(population: int, successes: int, draws: int, observed: int) -> float:
-    """P(X >= observed) for X ~ Hypergeometric(population, successes, draws)."""
-    hi = min(successes, draws)
-    if observed > hi:
-        return 0.0
-    lo = max(observed, draws - (population - successes), 0)
-    denom = _log_comb(population, draws)
-    total = 0.0
-    for x in range(lo, hi + 1):
-        total += math.exp(_log_comb(successes, x) + _log_comb(population - successes, draws - x) - denom)
-    return min(1.0, total)
-
-
-def _tail_table(population: int, successes: int) -> np.ndarray:
-    """``T[d, x]`` = P(X >= x) for X ~ Hypergeometric(population, successes, d), every ``d`` in
-    ``0..population`` and ``x`` in ``0..successes + 1`` (the last column 0)."""
-    lf = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, population + 1, dtype=float)))])
-    d = np.arange(population + 1)[:, None]
-    x = np.arange(successes + 1)[None, :]
-    ok = (x <= d) & (d - x <= population - successes)
-    with np.errstate(invalid="ignore"):
-        log_p = (lf[successes] - lf[x] - lf[np.maximum(successes - x, 0)]
-                 + lf[population - successes] - lf[np.clip(d - x, 0, None)]
-                 - lf[np.clip(population - successes - (d - x), 0, None)]
-                 - (lf[population] - lf[d] - lf[population - d]))
-    pmf = np.where(ok, np.exp(np.where(ok, log_p, 0.0)), 0.0)
-    tail = np.cumsum(pmf[:, ::-1], axis=1)[:, ::-1]
-    return np.minimum(1.0, np.concatenate([tail, np.zeros((population + 1, 1))], axis=1))
-
-
-def _stage(kind: str) -> int:
-    return STAGES.get(kind, LATER_UNKNOWN)
-
-
-def _rule_settings() -> dict[str, Any]:
-    """The crash rules' settings (the module's constants), as ``explain`` reports them."""
-    return {"min_support": MIN_SUPPORT, "min_precision": MIN_PRECISION, "alpha": ALPHA, "alpha_family": ALPHA_FAMILY,
-            "permutations": PERMUTATIONS, "alpha_pair": ALPHA_PAIR, "alpha_alone": ALPHA_ALONE,
-            "alpha_within": ALPHA_WITHIN, "other_weight": OTHER_WEIGHT, "excused_weight": EXCUSED_WEIGHT}
-
-
-Chosen = tuple[tuple[int, ...], np.ndarray, list[int]]
-"""A rule found by the cover: its condition indices, the rows it covers, and its rivals."""
-
-
-def _cover_kind(kind_fail: np.ndarray, weight: np.ndarray, conds: list[Condition], masks: np.ndarray,
-                params_of: np.ndarray) -> list[Chosen]:
-    """Sequential greedy cover of the failures ``kind_fail`` (bool per row). ``weight``: how much
-    each other row counts against a rule covering it (0: excused; 1: a success, or a failure
-    later in the trial than this kind). Each rule is judged on the rows no earlier rule covers (its
-    failures are explained, its other rows accounted for). Returns the chosen (condition indices,
-    mask, rivals) in the order chosen."""
-    counted = kind_fail | (weight > 0)
-    against = counted & ~kind_fail
-    hard = against & (weight >= 1.0)
-    active = np.ones(len(kind_fail), dtype=bool)
-    chosen: list[Chosen] = []
-    if int(kind_fail.sum()) < MIN_SUPPORT or not len(conds):
-        return chosen
-    rng = np.random.default_rng(PERMUTATION_SEED)
-
-    def stats(rows_a: np.ndarray, rows_b: np.ndarray | None = None, act: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
-        """Failures, weighted count against, informative trials against (``hard``) and rows covered,
-        of every condition (or pair of conditions ``rows_a`` x ``rows_b``), over the active rows
-        (``act``, default the cover's)."""
-        act = active if act is None else act
-        f, g, h = kind_fail & act, against & act, hard & act
-        ma, mg = masks[rows_a][:, f].astype(np.float64), masks[rows_a][:, g].astype(np.float64)
-        mh, mc = masks[rows_a][:, h].astype(np.float64), masks[rows_a][:, act].astype(np.float64)
-        if rows_b is None:
-            return ma.sum(axis=1), mg @ weight[g], mh.sum(axis=1), mc.sum(axis=1)
-        mb, nb = masks[rows_b][:, f].astype(np.float64), masks[rows_b][:, g].astype(np.float64)
-        hb, cb = masks[rows_b][:, h].astype(np.float64), masks[rows_b][:, act].astype(np.float64)
-        return ma @ mb.T, (mg * weight[g]) @ nb.T, mh @ hb.T, mc @ cb.T
-
-    def chance(fail: float, nag: float, act: np.ndarray | None = None) -> float:
-        """Of the informative trials (those that could show ``kind``: its failures, successes and
-        failures later in a trial), the chance that ``fail + nag`` drawn at random hold ``fail``
-        failures or more."""
-        act = active if act is None else act
-        population = int(((kind_fail | hard) & act).sum())
-        return hypergeom_tail(population, int((kind_fail & act).sum()), int(fail + nag), int(fail))
-
-    def next_gain(j: int, options: list[int]) -> float:
-        """Failures the surest other option would still explain, as a rule, once ``j`` is taken."""
-        act = active & ~masks[j]
-        others = np.array([c for c in options if c != j], dtype=int)
-        fail, agn, nag, _ = stats(others, act=act)
-        for pos in range(len(others)):
-            if (fail[pos] >= MIN_SUPPORT and fail[pos] >= MIN_PRECISION * (fail[pos] + agn[pos]) - 1e-9
-                    and chance(fail[pos], nag[pos], act) <= ALPHA):
-                return float(fail[pos])
-        return 0.0
-
-    def family_bound() -> float:
-        """The largest chance a one-condition rule may have so that, had the failures nothing to do
-        with the parameters, a rule as sure would turn up among all the conditions in fewer than
-        ``ALPHA_FAMILY`` of the permutations of the outcomes over the active rows (Westfall-Young):
-        the search over every parameter and threshold is paid for, and the sampler's habits (which
-        parameters moved together) are kept, since only the outcomes are shuffled."""
-        rows = np.flatnonzero(counted & active)
-        m = np.unique(masks[:, rows], axis=0).astype(np.float32)
-        k = kind_fail[rows].astype(np.float32)
-        w = np.where(kind_fail[rows], 0.0, weight[rows]).astype(np.float32)
-        informative = (kind_fail | hard)[rows].astype(np.float32)
-        table = _tail_table(int(informative.sum()), int(k.sum()))
-        perms = np.argsort(rng.random((PERMUTATIONS, len(rows))), axis=1)
-        fail = m @ k[perms].T
-        agn = m @ w[perms].T
-        draws = m @ informative[perms].T
-        valid = (fail >= MIN_SUPPORT) & (fail >= MIN_PRECISION * (fail + agn) - 1e-6)
-        p = np.where(valid, table[np.rint(draws).astype(int), np.rint(fail).astype(int)], 1.0)
-        least = np.sort(p.min(axis=0))
-        allowed = int(math.floor(ALPHA_FAMILY * (PERMUTATIONS + 1))) - 1
-        return float(least[allowed]) if allowed < PERMUTATIONS else 1.0
-
-    def pick(fail: np.ndarray, agn: np.ndarray, nag: np.ndarray, cov: np.ndarray, alpha: float,
-             extra_ok: Any = None, family: bool = False, count: int = 1) -> list[int]:
-        """Up to ``count`` acceptable candidates, surest first: the lower bound of the precision
-        (purity and support together, so a pure rule takes its failures before a broader, less
-        pure one that covers some of them too), then the most failures net of what counts
-        against, then the tightest (fewest rows)."""
-        prec = fail / np.maximum(fail + agn, 1e-9)
-        idx = np.flatnonzero((fail >= MIN_SUPPORT) & (prec >= MIN_PRECISION))
-        out: list[int] = []
-        if not len(idx):
-            return out
-        bound: list[float] = []
-        lb = _wilson_low(fail[idx], fail[idx] + agn[idx])
-        keys = np.lexsort((idx, cov[idx], -(fail[idx] - agn[idx]), -np.round(lb, 6)))
-        for j in idx[keys][:MAX_RANKED]:
-            p = chance(fail[j], nag[j])
-            if p > alpha:
-                continue
-            if family:
-                if not bound:
-                    bound.append(family_bound())
-                if p >= bound[0]:
-                    continue
-            if extra_ok is None or extra_ok(int(j)):
-                out.append(int(j))
-                if len(out) >= count:
-                    break
-        return out
-
-    def rivals(idx: tuple[int, ...], mask: np.ndarray) -> Chosen:
-        """The rule, and the conditions on other parameters that hold in every failure it explains,
-        are refuted by no more trials than it (successes, later failures; a failure at the same
-        stage may have come first) and go with the failures on their own: the data cannot tell
-        them from the rule (tightest first). A rival that explains more failures, and is a rule
-        by itself, takes the rule's place."""
-        f = mask & kind_fail & active
-        ok = masks[:, f].all(axis=1) & ~np.isin(params_of, [params_of[i] for i in idx])
-        ok &= masks[:, hard & active].sum(axis=1) <= int((mask & hard & active).sum())
-        cand = np.flatnonzero(ok)
-        if not len(cand):
-            return idx, mask, []
-        fail, agn, nag, cov = stats(cand)
-        found: dict[tuple[str, str], int] = {}
-        for pos, c in enumerate(cand):
-            if chance(fail[pos], nag[pos]) > ALPHA:
-                continue
-            if fail[pos] > f.sum() and fail[pos] >= MIN_PRECISION * (fail[pos] + agn[pos]):
-                return rivals((int(c),), masks[c])
-            key = (str(params_of[c]), conds[c].op if conds[c].op != "=" else f"={conds[c].value!r}")
-            if key not in found or cov[pos] < cov[found[key]]:
-                found[key] = pos
-        ranked = sorted(found.values(), key=lambda pos: (cov[pos], cand[pos]))
-        return idx, mask, [int(cand[pos]) for pos in ranked[:MAX_RIVALS]]
-
-    every = np.arange(len(conds))
-    while int((kind_fail & active).sum()) >= MIN_SUPPORT:
-        fail1, agn1, nag1, cov1 = stats(every)
-        # of the surest few acceptable rules, the one that leaves the most to the others: a rule
-        # over the failures of two causes (channels >= 10 over both the Tree trials and the
-        # buffer ones) leaves the Tree rule too few, the Tree rule leaves the channels rule enough
-        options = pick(fail1, agn1, nag1, cov1, ALPHA, family=True, count=LOOKAHEAD)
-        j = max(options, key=lambda c: fail1[c] + next_gain(c, options)) if len(options) > 1 else next(iter(options), None)
-        best_single = float(_wilson_low(fail1[j], fail1[j] + agn1[j])) if j is not None else -np.inf
-        # two conditions, when the pair explains more, net of what counts against, than any one
-        # condition: each must matter given the other (both_needed)
-        # each condition of a pair must go with the failures on its own too (a crash needs both
-        # "too many channels" and "too big buffers", each raising the failure rate): a condition
-        # that only matters inside the other's trials is a coincidence of the search
-        cand = np.flatnonzero(fail1 > 0)
-        cand = cand[np.argsort(-fail1[cand], kind="stable")[:MAX_PAIR_CANDIDATES]]
-        cand = np.array([c for c in cand if chance(fail1[c], nag1[c]) <= ALPHA_ALONE], dtype=int)
-        pair = None
-        if len(cand) >= 2:
-            n = len(cand)
-            fail2, agn2, nag2, cov2 = stats(cand, cand)
-            allowed = np.triu(np.ones((n, n), dtype=bool), k=1) & (params_of[cand][:, None] != params_of[cand][None, :])
-            # a pair only where it is clean (no success, no later failure covered) and surer than
-            # any one condition: two thresholds fitted to the data need no counterexample
-            clean = nag2 == 0
-            fail2 = np.where(allowed & clean & (_wilson_low(fail2, fail2 + agn2) > best_single), fail2, 0.0)
-
-            def both_needed(flat: int, n: int = n, cand: np.ndarray = cand, fail1: np.ndarray = fail1,
-                            nag1: np.ndarray = nag1, fail2: np.ndarray = fail2, nag2: np.ndarray = nag2) -> bool:
-                """Among the rows one condition covers, the other picks out the failures beyond
-                chance, both ways (else it is one condition plus a coincidence)."""
-                for x in divmod(flat, n):
-                    within, k_within = int(fail1[cand[x]] + nag1[cand[x]]), int(fail1[cand[x]])
-                    if hypergeom_tail(within, k_within, int(fail2.flat[flat] + nag2.flat[flat]),
-                                      int(fail2.flat[flat])) > ALPHA_WITHIN:
-                        return False
-                return True
-
-            flat = next(iter(pick(fail2.ravel(), agn2.ravel(), nag2.ravel(), cov2.ravel(), ALPHA_PAIR, both_needed)), None)
-            if flat is not None:
-                a, b = divmod(flat, n)
-                pair = (int(cand[a]), int(cand[b]))
-        if pair is not None:
-            mask = masks[pair[0]] & masks[pair[1]]
-            chosen.append(rivals(pair, mask))
-        elif j is not None:
-            chosen.append(rivals((j,), masks[j]))
-        else:
-            break
-        active &= ~chosen[-1][1]
-    return chosen
-
-
-def failure_rules(views: Sequence[TrialView]) -> RuleReport:
-    """The crash rules of the finished trials ``views`` (see the module docstring)."""
-    rows = _finished(views)
-    n = len(rows)
-    crashed = np.array([_crashed(v) for v in rows], dtype=bool)
-    kinds_of = np.array([(v.failure_kind or "?") if c else "" for v, c in zip(rows, crashed)], dtype=object)
-    stage_of = np.array([_stage(k) if k else -1 for k in kinds_of])
-    kinds = sorted({k for k in kinds_of if k})
-    conds, masks = candidate_conditions(rows)
-    params_of = np.array([c.param for c in conds], dtype=object)
-    Found = dict[str, list[Chosen]]
-
-    def weights(kind: str, explained: np.ndarray) -> np.ndarray:
-        """Against a rule of ``kind``: a success 1; a failure of another kind that happens later
-        in a trial 1 (the trial got past where ``kind`` happens), earlier 0 (it never got
-        there), at the same stage ``OTHER_WEIGHT``, or ``EXCUSED_WEIGHT`` once a rule of its own
-        kind explains it; a failure of ``kind`` 0."""
-        stage = _stage(kind)
-        w = np.where(crashed, OTHER_WEIGHT, 1.0)
-        w[explained & (kinds_of != kind)] = EXCUSED_WEIGHT
-        w[crashed & (stage_of > stage)] = 1.0
-        w[crashed & (stage_of < stage)] = 0.0
-        w[kinds_of == kind] = 0.0
-        return w
-
-    def run(explained: np.ndarray) -> Found:
-        return {kind: _cover_kind(kinds_of == kind, weights(kind, explained), conds, masks, params_of)
-                for kind in kinds}
-
-    def explained_by(found: Found) -> np.ndarray:
-        out = np.zeros(n, dtype=bool)
-        for kind, chosen in found.items():
-            for _, mask, _ in chosen:
-                out |= mask & (kinds_of == kind)
-        return out
-
-    found = run(explained_by(run(np.zeros(n, dtype=bool))))
-    explained = explained_by(found)
-    rules: list[FailureRule] = []
-    unexplained: dict[str, list[int]] = {}
-    for kind in kinds:
-        kind_fail = kinds_of == kind
-        informative = kind_fail | (weights(kind, explained) >= 1.0)
-        left = kind_fail.copy()
-        for idx, mask, rival in found[kind]:
-            mine = mask & left
-            left &= ~mask
-            failed = int((mask & kind_fail).sum())
-            rules.append(FailureRule(
-                conditions=tuple(conds[i] for i in idx), kind=kind, failed=failed, covered=int(mask.sum()),
-                trials=[rows[i].number for i in np.flatnonzero(mine)],
-                other_failures=int((mask & crashed & ~kind_fail).sum()),
-                p_value=hypergeom_tail(int(informative.sum()), int(kind_fail.sum()), int((mask & informative).sum()), failed),
-                confounded_with=[conds[i] for i in rival],
-            ))
-        if left.any():
-            unexplained[kind] = [rows[i].number for i in np.flatnonzero(left)]
-    rules.sort(key=lambda r: (-len(r.trials), r.kind, r.condition))
-    return RuleReport(rules=rules, unexplained=unexplained, finished=n)
 
 
 # -- importance ----------------------------------------------------------------------------------
@@ -601,7 +119,7 @@ def _groups(values: list[Any], n_bins: int) -> np.ndarray | None:
     present = [x for x in values if x is not None]
     if len(set(map(repr, present))) < 2:
         return None
-    if present and all(_is_number(x) for x in present):
+    if present and all(is_number(x) for x in present):
         arr = np.array([float(x) if x is not None else np.nan for x in values])
         ok = ~np.isnan(arr)
         sorted_vals = np.sort(arr[ok])
@@ -748,14 +266,14 @@ def importance_of(rows: list[dict[str, Any]], y: Sequence[float], *, relative: b
 def _tried(values: list[Any]) -> Any:
     """The values tried: ``[min, max]`` of a numeric parameter, else the distinct values."""
     present = [x for x in values if x is not None]
-    if present and all(_is_number(x) for x in present):
+    if present and all(is_number(x) for x in present):
         return [min(present), max(present)]
     return list({repr(x): x for x in present}.values())
 
 
 def importance(views: Sequence[TrialView]) -> dict[str, Any]:
     """Importance for the objective (feasible trials) and for feasibility (finished trials)."""
-    rows = _finished(views)
+    rows = finished(views)
     feasible = [v for v in rows if v.outcome == "ok" and v.value is not None]
     objective = importance_of([v.params for v in feasible], [float(v.value) for v in feasible],  # type: ignore[arg-type]
                               relative=True)
@@ -796,7 +314,10 @@ def explain(study: optuna.Study) -> dict[str, Any]:
         "failure_kinds": dict(kinds),
         "failure_rules": [r.to_json() for r in report.rules],
         "unexplained_failures": report.unexplained_json(),
-        "rule_settings": _rule_settings(),
+        "rule_settings": rule_settings(),
         "metric": objective.get("metric"),
         "importance": imp,
     }
+
+
+__all__ = ["MIN_SUPPORT", "analysed_views", "crash_rules", "explain", "failure_rules", "importance", "importance_of"]

@@ -64,7 +64,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optuna
 from optuna.trial import TrialState
 
-from autotune.analysis import MIN_SUPPORT, Condition, explain
+from autotune.analysis import MIN_SUPPORT, explain
+from autotune.crash_rules import Condition
 from autotune.demo import DEMO_CONFIG
 from autotune.driver import make_sampler
 from autotune.sim.args import parse_server_args
