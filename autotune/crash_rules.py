@@ -258,7 +258,7 @@ def candidate_conditions(rows: Sequence[TrialView]) -> tuple[list[Condition], np
                 masks.append(np.array([c.holds(v.params) for v in rows]))
             # choices such as [unset, 2, 3, 4]: ``P >= 2`` says "set, to at least 2"
             numbers = sorted({x for x in present if is_number(x)})
-            arr = np.array([float(x) if is_number(x) else np.nan for x in values])
+            arr = np.array([float(x) if x is not None and is_number(x) else np.nan for x in values])
             for x in numbers[1:]:
                 conds.append(Condition(name, ">=", x))
                 masks.append(arr >= float(x))
@@ -438,9 +438,10 @@ class _Cover:
         """The one-condition rule this step would take (of the ``LOOKAHEAD`` surest acceptable
         ones, the one that leaves the most to the others), and every condition's counts."""
         counts = self.stats(self.every)
-        options = self.pick(*counts, ALPHA, family=True, count=LOOKAHEAD)
+        fail, agn, nag, cov = counts
+        options = self.pick(fail, agn, nag, cov, ALPHA, family=True, count=LOOKAHEAD)
         if len(options) > 1:
-            return max(options, key=lambda c: counts[0][c] + self.next_gain(c, options)), counts
+            return max(options, key=lambda c: fail[c] + self.next_gain(c, options)), counts
         return next(iter(options), None), counts
 
     def pair(self, counts: tuple[np.ndarray, ...], best_single: float) -> tuple[int, int] | None:

@@ -272,12 +272,23 @@ def rule_truth(d: Design, rule: dict[str, Any], bases: list[dict[str, Any]], see
     return (hits / total if total else float("nan")), total
 
 
-def no_effect_truth(d: Design, param: str, bases: list[dict[str, Any]], seed: int) -> float:
+def no_effect_truth(d: Design, param: str, bases: list[dict[str, Any]], seed: int, over: Any = None) -> float:
     """Mean relative change of the noise-free throughput when ``param`` alone is set, in feasible
     configurations of the study, to up to 4 other values the feasible trials tried (a change that
-    the space's rule would repair by moving another parameter is skipped)."""
+    the space's rule would repair by moving another parameter is skipped). ``over``: the values
+    the claim holds over (``matched.over``: ``[low, high]`` of a numeric parameter, else the
+    values): only configurations with one of them, moved to another."""
+    def within(v: Any) -> bool:
+        if over is None:
+            return True
+        if isinstance(over, list) and len(over) == 2 and all(isinstance(x, (int, float)) for x in over) \
+                and isinstance(v, (int, float)) and not isinstance(v, bool):
+            return over[0] <= v <= over[1]
+        return any(repr(v) == repr(x) for x in over)
+
     rng = random.Random(seed)
     changes: list[float] = []
+    bases = [b for b in bases if within(b[param])]
     distinct = list({repr(b[param]): b[param] for b in bases}.values())
     for base in bases[:24]:
         _, v0 = outcome(d, base)
@@ -373,7 +384,7 @@ def score_study(sc: Score, d: Design, study: optuna.Study, seed: int, *, long: b
                               "ncds_verdict": verdict, "rules": []}
     for param, imp in doc["importance"]["objective"]["params"].items():
         if imp.get("verdict") == "no measurable effect":
-            change = no_effect_truth(d, param, feasible, seed)
+            change = no_effect_truth(d, param, feasible, seed, (imp.get("matched") or {}).get("over"))
             sc.no_effect_claims += 1
             if change > NO_EFFECT_TOLERANCE:
                 sc.false_no_effect.append({"study": study.study_name, "param": param, "mean_change": round(change, 4)})
