@@ -37,14 +37,14 @@ cover:
    threshold of every parameter), so "6 of 6 failed, chance 2 %" is expected somewhere when most
    trials fail; only the outcomes are shuffled, so the sampler's habits (parameters that moved
    together) are kept. Seeded: the same study gives the same rules.
-4. **Each step** takes, of the ``lookahead`` surest acceptable candidates -- the highest lower
-   bound (Wilson, 90 %) of the precision, which weighs purity and support together, then the
-   most failures net of what counts against, then the tightest --, the one that leaves the most
-   failures to the others as a rule (a channels threshold covering both the Tree trials and the
-   buffer failures would leave the Tree rule too few; the Tree rule leaves the channels rule
-   enough). All over the trials no earlier rule covers: its failures are then explained and its
-   trials leave the pool, so a later rule is judged only on what is left, and a rule whose
-   failures another explains is never printed.
+4. **Each step** takes the surest acceptable candidate -- the highest lower bound (Wilson, 90 %)
+   of the precision, which weighs purity and support together, then the most failures net of
+   what counts against, then the tightest --, over the trials no earlier rule covers: its
+   failures are then explained and its trials leave the pool, so a later rule is judged only on
+   what is left, and a rule whose failures another explains is never printed. Also measured and
+   not kept: taking, of the surest few, the one that leaves the most failures to the others (it
+   recovered a Tree rule whose trials a channels threshold had taken, but as often preferred a
+   threshold over the failures of two causes, which the model then refuted).
 5. **A pair of conditions** is taken only when it is clean (no informative trial against it: two
    thresholds fitted to the data need no counterexample), surer than any one condition --
    neither alone explains those failures, as when only many channels *and* a high
@@ -111,8 +111,6 @@ MAX_PAIR_CANDIDATES = 400
 """Conditions (those with the most failures) tried in pairs."""
 MAX_RANKED = 500
 """Candidates tested for chance, surest first, before a cover step gives up."""
-LOOKAHEAD = 4
-"""Acceptable rules (the surest) a cover step compares by what each leaves to the others."""
 MAX_RIVALS = 3
 """Conditions the data cannot tell from a rule, named with it at most."""
 NOT_A_CRASH = ("slo-violated",)
@@ -325,8 +323,7 @@ def rule_settings() -> dict[str, Any]:
     """The crash rules' settings (the module's constants), as ``explain`` reports them."""
     return {"min_support": MIN_SUPPORT, "min_precision": MIN_PRECISION, "alpha": ALPHA, "alpha_family": ALPHA_FAMILY,
             "permutations": PERMUTATIONS, "alpha_pair": ALPHA_PAIR, "alpha_alone": ALPHA_ALONE,
-            "alpha_within": ALPHA_WITHIN, "other_weight": OTHER_WEIGHT, "excused_weight": EXCUSED_WEIGHT,
-            "lookahead": LOOKAHEAD}
+            "alpha_within": ALPHA_WITHIN, "other_weight": OTHER_WEIGHT, "excused_weight": EXCUSED_WEIGHT}
 
 
 # -- the cover -----------------------------------------------------------------------------------
@@ -426,23 +423,12 @@ class _Cover:
                     break
         return out
 
-    def next_gain(self, j: int, options: list[int]) -> float:
-        """Failures the surest other option would still explain, as a rule, once ``j`` is taken."""
-        act = self.active & ~self.masks[j]
-        others = np.array([c for c in options if c != j], dtype=int)
-        fail, agn, nag, _ = self.stats(others, act=act)
-        ok = self.valid(fail, agn) & (self.chance(fail, nag, act) <= ALPHA)
-        return float(fail[ok][0]) if ok.any() else 0.0
-
     def single(self) -> tuple[int | None, tuple[np.ndarray, ...]]:
-        """The one-condition rule this step would take (of the ``LOOKAHEAD`` surest acceptable
-        ones, the one that leaves the most to the others), and every condition's counts."""
+        """The one-condition rule this step would take (the surest acceptable one), and every
+        condition's counts."""
         counts = self.stats(self.every)
         fail, agn, nag, cov = counts
-        options = self.pick(fail, agn, nag, cov, ALPHA, family=True, count=LOOKAHEAD)
-        if len(options) > 1:
-            return max(options, key=lambda c: fail[c] + self.next_gain(c, options)), counts
-        return next(iter(options), None), counts
+        return next(iter(self.pick(fail, agn, nag, cov, ALPHA, family=True)), None), counts
 
     def pair(self, counts: tuple[np.ndarray, ...], best_single: float) -> tuple[int, int] | None:
         """The two-condition rule this step would take, if any (the module docstring, step 5)."""

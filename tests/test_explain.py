@@ -210,32 +210,27 @@ def test_failures_unrelated_to_the_parameters_make_no_rule(tmp_path: Path, seed:
     assert explain(study)["failure_rules"] == []
 
 
-def test_two_causes_of_one_kind_are_two_rules_and_a_confound_is_named(tmp_path: Path) -> None:
-    """Tree crashes NCCL, and so do 16 channels or more (the buffers do not fit). Two of the four
-    Tree trials also had many channels: a channels rule taken first would leave the Tree rule two
-    failures. Both rules are stated. The channels trials were also the only ones with
-    NCCL_MAX_NCHANNELS = 64: the channels rule names the other channels parameter as a confound."""
+def test_a_numeric_confound_is_named(tmp_path: Path) -> None:
+    """16 channels or more crash NCCL (the buffers do not fit), and the search set
+    NCCL_MAX_NCHANNELS = 64 in exactly those trials: the data cannot tell the two thresholds
+    apart, so the rule names the other one."""
     def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
-        if p["NCCL_ALGO"] == "Tree" or p["NCCL_MIN_NCHANNELS"] >= 16:
-            return "nccl-error", 0.0
-        return None, _throughput(p, rng)
+        return ("nccl-error", 0.0) if p["NCCL_MIN_NCHANNELS"] >= 16 else (None, _throughput(p, rng))
 
-    fixed = ([{"NCCL_ALGO": "Tree", "NCCL_MIN_NCHANNELS": 20 + i, "NCCL_MAX_NCHANNELS": 64} for i in range(2)]
-             + [{"NCCL_ALGO": "Tree", "NCCL_MIN_NCHANNELS": 2 + i, "NCCL_MAX_NCHANNELS": 8} for i in range(2)]
-             + [{"NCCL_ALGO": "Ring", "NCCL_MIN_NCHANNELS": 24 + i, "NCCL_MAX_NCHANNELS": 64} for i in range(3)]
+    fixed = ([{"NCCL_ALGO": "Ring", "NCCL_MIN_NCHANNELS": 20 + 2 * i, "NCCL_MAX_NCHANNELS": 64} for i in range(5)]
              + [{"NCCL_ALGO": ("unset", "Ring")[i % 2], "NCCL_MIN_NCHANNELS": 1 + i % 12, "NCCL_MAX_NCHANNELS": 16}
                 for i in range(20)])
-    study, _ = _study(tmp_path, "two", 0, judge, seed=0, fixed=fixed)
+    study, _ = _study(tmp_path, "alias", 0, judge, seed=0, fixed=fixed)
     doc = explain(study)
-    rules = {r["conditions"][0]["param"]: r for r in doc["failure_rules"]}
-    assert set(rules) == {"NCCL_ALGO", "NCCL_MAX_NCHANNELS"} or set(rules) == {"NCCL_ALGO", "NCCL_MIN_NCHANNELS"}, _rules(doc)
-    assert rules["NCCL_ALGO"]["rule"] == "NCCL_ALGO=Tree -> nccl-error (4 of 4)"
-    (channels,) = [r for p, r in rules.items() if p != "NCCL_ALGO"]
-    assert channels["support"] == {"failed": 5, "covered": 5} and len(channels["trials"]) == 3
-    other = ({"NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS"} - {channels["conditions"][0]["param"]}).pop()
-    assert [c["param"] for c in channels["confounded_conditions"]] == [other]
-    assert channels["confounded_with"] == [f"{c['param']} {c['op']} {c['value']}" for c in channels["confounded_conditions"]]
-    assert doc["unexplained_failures"]["count"] == 0
+    (rule,) = doc["failure_rules"]
+    assert rule["kind"] == "nccl-error" and rule["support"] == {"failed": 5, "covered": 5}, rule
+    (cond,) = rule["conditions"]
+    assert cond["param"] in ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS") and cond["op"] == ">="
+    other = ({"NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS"} - {cond["param"]}).pop()
+    assert [c["param"] for c in rule["confounded_conditions"]] == [other]
+    assert rule["confounded_with"] == [f"{c['param']} {c['op']} {c['value']}" for c in rule["confounded_conditions"]]
+    text = autotune("study", "explain", "alias", "--storage", f"sqlite:///{tmp_path}/studies.db", cwd=tmp_path).stdout
+    assert f"not told apart from {rule['confounded_with'][0]}" in " ".join(text.split())
 
 
 def test_a_pairwise_rule_when_only_the_combination_crashes(tmp_path: Path) -> None:
