@@ -475,8 +475,9 @@ def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool 
         _out.print(Text("what crashes", "bold"), Text("(rule -> kind (failed of covered); each failure attributed to one rule)"))
     for rule in rules:
         _out.print(Text(f"  {rule['rule']}  trials {', '.join(map(str, rule['trials']))}"))
-        if rule.get("also_in_all"):
-            _out.print(Text(f"    (every one of them also had {' and '.join(rule['also_in_all'])}: not told apart)"))
+        if rule.get("confounded_with"):
+            _out.print(Text(f"    not told apart from {' or '.join(rule['confounded_with'])}: every one of these "
+                            "failures also had it, and no more trials refute it"))
     if left["count"]:
         kinds = ", ".join(f"{k} x{n}" for k, n in left["kinds"].items())
         noun = "failure" if left["count"] == 1 else "failures"
@@ -492,10 +493,12 @@ def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool 
                    Text(f"(share of the variance only it accounts for, {part['trials']} trials: median [90 % interval])"))
         for k, v in part["params"].items():
             verdict = v["verdict"]
-            if verdict == "no measurable effect" and isinstance(v.get("values"), list):
-                tried = v["values"]
-                verdict += f" (over the values tried: {tried[0]}..{tried[1]})" if len(tried) == 2 and all(
-                    isinstance(x, (int, float)) for x in tried) else f" (over the values tried: {', '.join(map(str, tried))})"
+            over = (v.get("matched") or {}).get("over")
+            if verdict == "no measurable effect" and isinstance(over, list):
+                numeric = v.get("values") and len(v["values"]) == 2 and all(
+                    isinstance(x, (int, float)) and not isinstance(x, bool) for x in v["values"])
+                shown = f"{over[0]}..{over[1]}" if numeric else ", ".join(map(str, over))
+                verdict += f" (between the values compared: {shown})"
             if "median" in v:
                 _out.print(Text(f"  {k:32s} {v['median']:.2f} [{v['low']:.2f}, {v['high']:.2f}]  {verdict}"))
             else:

@@ -34,13 +34,14 @@ Then ``autotune.analysis.explain`` runs on each study and is scored:
   set to random values satisfying it, 8 draws each, with a control drawn so that it does not
   hold; a pair where the control fails with the same kind is not testable (that failure is not
   the rule's doing). The rule is imprecise when under 80 % of the testable interventions give
-  its failure kind, false under 50 %;
+  its failure kind, false under 50 %. A rule named with conditions the data cannot tell from it
+  (``confounded_with``: "one of these") is scored by the best of them;
 - **num_continuous_decode_steps** (read by no SGLang code; the model ignores it): the verdict on
   its importance for the objective, at 30 trials and in longer studies (``--long-trials``);
-- **no-effect claims**: every "no measurable effect" on the objective is checked by the model:
-  in 24 feasible trials the parameter alone is set to up to 4 other values the study's feasible
-  trials tried; the claim is false when the mean relative change of the noise-free throughput
-  exceeds 3 %.
+- **no-effect claims**: every "no measurable effect" on the objective is checked by the model
+  over the values it states (``matched.over``): in up to 24 feasible trials with one of them, the
+  parameter alone is set to up to 4 others; the claim is false when the mean relative change of
+  the noise-free throughput exceeds 3 %.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optuna
 from optuna.trial import TrialState
 
-from autotune.analysis import MIN_SUPPORT, Condition, explain
+from autotune.analysis import MIN_SUPPORT, explain
+from autotune.crash_rules import Condition
 from autotune.demo import DEMO_CONFIG
 from autotune.driver import make_sampler
 from autotune.sim.args import parse_server_args
@@ -271,12 +273,23 @@ def rule_truth(d: Design, rule: dict[str, Any], bases: list[dict[str, Any]], see
     return (hits / total if total else float("nan")), total
 
 
-def no_effect_truth(d: Design, param: str, bases: list[dict[str, Any]], seed: int) -> float:
+def no_effect_truth(d: Design, param: str, bases: list[dict[str, Any]], seed: int, over: Any = None) -> float:
     """Mean relative change of the noise-free throughput when ``param`` alone is set, in feasible
     configurations of the study, to up to 4 other values the feasible trials tried (a change that
-    the space's rule would repair by moving another parameter is skipped)."""
+    the space's rule would repair by moving another parameter is skipped). ``over``: the values
+    the claim holds over (``matched.over``: ``[low, high]`` of a numeric parameter, else the
+    values): only configurations with one of them, moved to another."""
+    def within(v: Any) -> bool:
+        if over is None:
+            return True
+        if isinstance(over, list) and len(over) == 2 and all(isinstance(x, (int, float)) for x in over) \
+                and isinstance(v, (int, float)) and not isinstance(v, bool):
+            return over[0] <= v <= over[1]
+        return any(repr(v) == repr(x) for x in over)
+
     rng = random.Random(seed)
     changes: list[float] = []
+    bases = [b for b in bases if within(b[param])]
     distinct = list({repr(b[param]): b[param] for b in bases}.values())
     for base in bases[:24]:
         _, v0 = outcome(d, base)
@@ -341,6 +354,7 @@ class Score:
     behaviours: dict[str, dict[str, int]] = field(default_factory=dict)
     rules: int = 0
     pair_rules: int = 0
+    confounded_rules: int = 0
     false_rules: list[dict[str, Any]] = field(default_factory=list)
     untestable: list[dict[str, Any]] = field(default_factory=list)
     rule_rates: list[float] = field(default_factory=list)
@@ -372,7 +386,7 @@ def score_study(sc: Score, d: Design, study: optuna.Study, seed: int, *, long: b
                               "ncds_verdict": verdict, "rules": []}
     for param, imp in doc["importance"]["objective"]["params"].items():
         if imp.get("verdict") == "no measurable effect":
-            change = no_effect_truth(d, param, feasible, seed)
+            change = no_effect_truth(d, param, feasible, seed, (imp.get("matched") or {}).get("over"))
             sc.no_effect_claims += 1
             if change > NO_EFFECT_TOLERANCE:
                 sc.false_no_effect.append({"study": study.study_name, "param": param, "mean_change": round(change, 4)})
@@ -383,10 +397,15 @@ def score_study(sc: Score, d: Design, study: optuna.Study, seed: int, *, long: b
     sc.failures += doc["unexplained_failures"]["count"] + sum(len(r["trials"]) for r in doc["failure_rules"])
     sc.unexplained += doc["unexplained_failures"]["count"]
     for rule in doc["failure_rules"]:
-        rate, tested = rule_truth(d, rule, bases, seed)
+        # a rule named with its confounds says "one of these": the best of them is what it claims
+        alternatives = [rule] + [{"conditions": [c], "kind": rule["kind"]} for c in rule.get("confounded_conditions", [])]
+        rate, tested = max((rule_truth(d, alt, bases, seed) for alt in alternatives),
+                           key=lambda rt: (rt[1] >= MIN_TESTED, rt[0] if rt[0] == rt[0] else -1.0))
         sc.rules += 1
         sc.pair_rules += len(rule["conditions"]) == 2
-        entry = {"study": study.study_name, "rule": rule["rule"], "model_rate": round(rate, 3), "tested": tested}
+        sc.confounded_rules += len(alternatives) > 1
+        entry = {"study": study.study_name, "rule": rule["rule"], "model_rate": round(rate, 3), "tested": tested,
+                 "confounded_with": rule.get("confounded_with", [])}
         record["rules"].append(entry)
         if tested < MIN_TESTED:
             sc.untestable.append(entry)
@@ -464,7 +483,8 @@ def _print_table(s: Score, ns: argparse.Namespace) -> None:
         print(f"| {name} | stated in {row['stated_when_shown']} of {row['shown']} studies that show it "
               f"(>= {MIN_SUPPORT} such failures); stated in {row['stated_otherwise']} others |")
     rate = f"; median model rate {statistics.median(s.rule_rates):.2f}" if s.rule_rates else ""
-    print(f"| rules printed | {s.rules} ({s.pair_rules} over two parameters){rate} |")
+    print(f"| rules printed | {s.rules} ({s.pair_rules} over two parameters, {s.confounded_rules} named with "
+          f"conditions the data cannot tell from them){rate} |")
     wrong = [f for f in s.false_rules if f["model_rate"] < 0.5]
     print(f"| rules the model gives less than {TRUE_RATE:.0%} of the time | {len(s.false_rules)}, "
           f"of which {len(wrong)} less than 50 % |")

@@ -105,7 +105,7 @@ def test_a_confound_the_data_cannot_resolve_is_named(tmp_path: Path) -> None:
     (rule,) = explain(study)["failure_rules"]
     assert rule["kind"] == "nccl-error" and len(rule["trials"]) == 4
     assert {str(c["value"]) for c in rule["conditions"]} <= {"Tree", "LL"}
-    assert rule["also_in_all"] == ["NCCL_PROTO=LL" if rule["conditions"][0]["value"] == "Tree" else "NCCL_ALGO=Tree"]
+    assert rule["confounded_with"] == ["NCCL_PROTO=LL" if rule["conditions"][0]["value"] == "Tree" else "NCCL_ALGO=Tree"]
 
 
 def test_kinds_are_not_merged(tmp_path: Path) -> None:
@@ -153,6 +153,86 @@ def test_a_mixed_region_makes_no_rule(tmp_path: Path) -> None:
     assert doc["unexplained_failures"]["kinds"] == {"nccl-error": 1, "oom": 1}
 
 
+def test_a_failure_earlier_in_a_trial_does_not_refute_a_rule(tmp_path: Path) -> None:
+    """Under 0.56 mem_fraction_static the KV pool does not fit, before NCCL ever runs; Tree trials
+    that get past it fail with a NCCL error. The Tree trials that ran out of memory first do not
+    count against the Tree rule (they could not show a NCCL error): one rule, Tree alone, with them
+    covered as other failures -- not a two-condition rule that fences them off."""
+    def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
+        if p["mem_fraction_static"] <= 0.55:
+            return "not-enough-memory", 0.0
+        if p["NCCL_ALGO"] == "Tree":
+            return "nccl-error", 0.0
+        return None, _throughput(p, rng)
+
+    study, _ = _study(tmp_path, "stages", 24, judge, seed=0,
+                      fixed=[{"NCCL_ALGO": "Tree", "mem_fraction_static": 0.8}] * 4
+                      + [{"NCCL_ALGO": "Tree", "mem_fraction_static": 0.5}] * 3 + [{"NCCL_ALGO": "Ring", "mem_fraction_static": 0.5}] * 2)
+    by_kind = {r["kind"]: r for r in explain(study)["failure_rules"]}
+    tree = [t for t in study.trials if t.user_attrs["applied"]["NCCL_ALGO"] == "Tree"]
+    nccl = [t for t in tree if t.user_attrs["failure_kind"] == "nccl-error"]
+    rule = by_kind["nccl-error"]
+    assert rule["conditions"] == [{"param": "NCCL_ALGO", "op": "=", "value": "Tree"}], rule
+    assert rule["support"] == {"failed": len(nccl), "covered": len(tree)}
+    assert rule["other_failures"] == len(tree) - len(nccl) >= 3
+    assert by_kind["not-enough-memory"]["conditions"][0]["param"] == "mem_fraction_static"
+
+
+def test_a_study_where_every_trial_failed_makes_no_rule(tmp_path: Path) -> None:
+    """Above 0.6 mem_fraction_static every trial runs out of memory; below, Tree trials fail with
+    a NCCL error and the others run out of memory at graph capture. No trial succeeded, so none
+    could refute anything: "mem_fraction_static <= x -> nccl-error" would only say where the OOMs
+    did not come first. No rule; every failure is reported as explained by none."""
+    def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
+        if p["mem_fraction_static"] >= 0.6:
+            return "oom", 0.0
+        return ("nccl-error", 0.0) if p["NCCL_ALGO"] == "Tree" else ("oom", 0.0)
+
+    study, _ = _study(tmp_path, "allfail", 24, judge, seed=1,
+                      fixed=[{"NCCL_ALGO": "Tree", "mem_fraction_static": 0.52 + 0.01 * i} for i in range(4)]
+                      + [{"NCCL_ALGO": "Tree", "mem_fraction_static": 0.8}] * 3)
+    doc = explain(study)
+    assert doc["outcomes"] == {"infeasible": len(study.trials)}
+    assert doc["failure_rules"] == []
+    assert doc["unexplained_failures"]["count"] == len(study.trials)
+
+
+@pytest.mark.parametrize("seed", [3, 5, 7, 9])
+def test_failures_unrelated_to_the_parameters_make_no_rule(tmp_path: Path, seed: int) -> None:
+    """60 % of the trials run out of memory whatever their configuration. Among the hundreds of
+    conditions a study offers, one of them covers 5 to 10 trials that all failed (chance a few per
+    cent each); the search is paid for, so none is a rule."""
+    def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
+        return ("oom", 0.0) if rng.random() < 0.6 else (None, _throughput(p, rng))
+
+    study, _ = _study(tmp_path, f"chance{seed}", 30, judge, seed=seed)
+    assert sum(t.user_attrs["failure_kind"] == "oom" for t in study.trials) >= 12
+    assert explain(study)["failure_rules"] == []
+
+
+def test_a_numeric_confound_is_named(tmp_path: Path) -> None:
+    """16 channels or more crash NCCL (the buffers do not fit), and the search set
+    NCCL_MAX_NCHANNELS = 64 in exactly those trials: the data cannot tell the two thresholds
+    apart, so the rule names the other one."""
+    def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
+        return ("nccl-error", 0.0) if p["NCCL_MIN_NCHANNELS"] >= 16 else (None, _throughput(p, rng))
+
+    fixed = ([{"NCCL_ALGO": "Ring", "NCCL_MIN_NCHANNELS": 20 + 2 * i, "NCCL_MAX_NCHANNELS": 64} for i in range(5)]
+             + [{"NCCL_ALGO": ("unset", "Ring")[i % 2], "NCCL_MIN_NCHANNELS": 1 + i % 12, "NCCL_MAX_NCHANNELS": 16}
+                for i in range(20)])
+    study, _ = _study(tmp_path, "alias", 0, judge, seed=0, fixed=fixed)
+    doc = explain(study)
+    (rule,) = doc["failure_rules"]
+    assert rule["kind"] == "nccl-error" and rule["support"] == {"failed": 5, "covered": 5}, rule
+    (cond,) = rule["conditions"]
+    assert cond["param"] in ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS") and cond["op"] == ">="
+    other = ({"NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS"} - {cond["param"]}).pop()
+    assert [c["param"] for c in rule["confounded_conditions"]] == [other]
+    assert rule["confounded_with"] == [f"{c['param']} {c['op']} {c['value']}" for c in rule["confounded_conditions"]]
+    text = autotune("study", "explain", "alias", "--storage", f"sqlite:///{tmp_path}/studies.db", cwd=tmp_path).stdout
+    assert f"not told apart from {rule['confounded_with'][0]}" in " ".join(text.split())
+
+
 def test_a_pairwise_rule_when_only_the_combination_crashes(tmp_path: Path) -> None:
     """Many channels crash only with big buffers (the buffers do not fit): one rule over both."""
     def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
@@ -176,29 +256,91 @@ def test_a_pairwise_rule_when_only_the_combination_crashes(tmp_path: Path) -> No
     assert " & " in rule["rule"] and rule["rule"].endswith(f"-> nccl-error ({len(failed)} of {len(failed)})")
 
 
-def test_no_effect_needs_many_trials(tmp_path: Path) -> None:
-    """num_continuous_decode_steps does nothing: over many trials that is said (the interval's high
-    end is small), over few only "not enough trials"; NCCL_PROTO has an effect."""
-    def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
-        return None, _throughput(p, rng)
+TPE_PARAMS = ("NCCL_PROTO", "NCCL_ALGO", "mem_fraction_static", "num_continuous_decode_steps", "max_running_requests")
 
-    many, _ = _study(tmp_path, "many", 150, judge, seed=2)
-    many_doc = explain(many)
-    imp = many_doc["importance"]["objective"]
+
+def _tpe_study(name: str, n: int, judge: Callable[[dict[str, Any], random.Random], tuple[str | None, float]],
+               *, seed: int) -> optuna.Study:
+    """A study of ``n`` trials proposed by multivariate TPE over ``TPE_PARAMS``, each judged by
+    ``judge`` and told as the driver tells it: the sampler drifts every parameter toward the best
+    trials together, as in a real study. In memory (TPE reads every trial at each ask)."""
+    study = optuna.create_study(study_name=name, direction="maximize",
+                                sampler=optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8))
+    rng = random.Random(seed)
+    for _ in range(n):
+        trial = study.ask({k: DISTS[k] for k in TPE_PARAMS})
+        params = dict(trial.params)
+        kind, value = judge(params, rng)
+        assert kind is None
+        for key, attr in (("applied", params), ("feasible", True), ("failure_kind", None), ("outcome", "ok"),
+                          ("metrics", {"output_throughput": value})):
+            trial.set_user_attr(key, attr)
+        study.tell(trial, value)
+    return study
+
+
+def _speed(p: dict[str, Any], rng: random.Random, *, few_requests: int = 0) -> float:
+    """Throughput that depends on NCCL_PROTO and mem_fraction_static, with 2 % noise; under
+    ``few_requests`` running requests it collapses."""
+    speed = PROTO_SPEED[p["NCCL_PROTO"]] * (0.8 + 0.4 * (p["mem_fraction_static"] - 0.5) / 0.45)
+    speed *= 0.3 if p["max_running_requests"] < few_requests else 1.0
+    return 1000.0 * speed * (1 + 0.02 * rng.gauss(0, 1))
+
+
+def test_no_effect_needs_many_trials_and_matched_evidence(tmp_path: Path) -> None:
+    """num_continuous_decode_steps does nothing. In a TPE study every parameter drifts toward the
+    best trials together; pairs of trials alike in all the others still show, over 150 trials, that
+    it moves nothing (the spread's high end is small over the values they compared); NCCL_PROTO has
+    an effect; over few trials only "not enough trials"."""
+    storage = f"sqlite:///{tmp_path}/tpe.db"
+    optuna.copy_study(from_study_name="many", from_storage=_tpe_study("many", 150, lambda p, rng: (None, _speed(p, rng)),
+                                                                     seed=1)._storage, to_storage=storage)
+    study = optuna.load_study(study_name="many", storage=storage)
+    doc = explain(study)
+    imp = doc["importance"]["objective"]
     assert imp["verdict"] == "ok" and imp["trials"] == 150
     ncds = imp["params"]["num_continuous_decode_steps"]
     assert ncds["verdict"] == "no measurable effect", ncds
-    assert 0.0 <= ncds["low"] <= ncds["median"] <= ncds["high"] < 0.05
-    proto = imp["params"]["NCCL_PROTO"]
-    assert proto["verdict"] == "effect" and proto["low"] > 0.5, proto
-    assert next(iter(imp["params"])) == "NCCL_PROTO"
-    assert ncds["values"] == [1, 8] and set(proto["values"]) == set(PROTO_SPEED)  # the values tried
+    matched = ncds["matched"]
+    assert matched["pairs"] >= 20 and 0.0 <= matched["spread"] <= matched["spread_high"] < 0.02
+    assert len(matched["over"]) == 2 and 1 <= matched["over"][0] < matched["over"][1] <= 8
+    assert imp["params"]["NCCL_PROTO"]["verdict"] == "effect"
+    assert imp["params"]["mem_fraction_static"]["verdict"] != "no measurable effect"
+    assert ncds["values"] == [1, 8]  # the values tried
+    text = autotune("study", "explain", "many", "--storage", storage, cwd=tmp_path).stdout
+    assert (f"no measurable effect (between the values compared: {matched['over'][0]}..{matched['over'][1]})"
+            in " ".join(text.split()))
+
+    def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
+        return None, _throughput(p, rng)
+
     few, _ = _study(tmp_path, "few", 12, judge, seed=2)
     doc = explain(few)
     assert doc["importance"]["objective"]["verdict"] == "not enough trials (12, need 20)"
     assert doc["importance"]["objective"]["params"] == {}
-    # Every trial was feasible: feasibility does not vary, and nothing is blamed for it.
-    assert many_doc["importance"]["feasibility"]["verdict"] == "the target does not vary"
+
+
+def test_no_effect_holds_only_between_the_values_compared(tmp_path: Path) -> None:
+    """Under 64 running requests the throughput collapses. Five trials tried 16-40 requests, all
+    with NCCL_ALGO=Tree, which no other trial had: they are alike only among themselves, and
+    compare those values (all collapsed) with each other, never with the rest. Above 128 the requests do
+    nothing, which pairs of the other trials show: "no measurable effect" is claimed between the
+    values those pairs compared, which leave the rare ones out."""
+    rng = random.Random(0)
+    study = optuna.create_study(study_name="rare", storage=f"sqlite:///{tmp_path}/rare.db", direction="maximize")
+    fixed = {"NCCL_PROTO": "LL128", "NCCL_BUFFSIZE": 4 * MIB, "NCCL_MIN_NCHANNELS": 4, "NCCL_MAX_NCHANNELS": 16,
+             "speculative_num_draft_tokens": "unset", "cuda_graph_max_bs": 256}
+    for i in range(105):
+        rare = i % 21 == 20
+        p = SPACE.repair({**fixed, "NCCL_ALGO": "Tree" if rare else rng.choice(["unset", "Ring"]),
+                          "mem_fraction_static": round(rng.uniform(0.8, 0.9), 2),
+                          "num_continuous_decode_steps": rng.randint(1, 8),
+                          "max_running_requests": rng.randint(16, 40) if rare else int(round(2 ** rng.uniform(7, 10)))})
+        study.add_trial(_trial(p, None, _speed(p, rng, few_requests=64)))
+    mrr = explain(study)["importance"]["objective"]["params"]["max_running_requests"]
+    assert mrr["values"][0] < 64  # tried
+    assert mrr["verdict"] == "no measurable effect", mrr
+    assert 128 <= mrr["matched"]["over"][0] < mrr["matched"]["over"][1] <= 1024, mrr
 
 
 def test_a_middling_study_is_uncertain_not_no_effect(tmp_path: Path) -> None:

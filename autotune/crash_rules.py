@@ -1,0 +1,575 @@
+"""Which values crash: the crash rules of a study, a minimal explanation of its failures.
+
+:func:`failure_rules` reads the trials (:class:`autotune.study_view.TrialView`) and returns a
+:class:`RuleReport`; ``autotune study explain`` prints it (:mod:`autotune.analysis`), the default
+sampler avoids the regions where every trial a rule covers failed (:mod:`autotune.samplers`).
+
+A rule is a conjunction of one or two conditions on the *applied* parameter values (``P=v``;
+``P >= x`` / ``P <= x`` for a numeric parameter, or over the numbers of a categorical one such as
+``[unset, 2, 4]``; ``x`` an observed value) and predicts one failure kind:
+``NCCL_ALGO=Tree -> nccl-error (4 of 4)`` says 4 finished trials had Tree set and all 4 failed
+with ``nccl-error``. Finished trials are the measured ones (``ok``; an SLO violation is measured,
+not a crash) and the failed ones (``infeasible``); faults are the infrastructure's and say nothing
+about a configuration. The rules are found for each failure kind K by sequential greedy set
+cover:
+
+1. **What a trial says about a rule of kind K** depends on how far it got (:data:`STAGES`: the
+   arguments, sizing the KV pool -- before any NCCL collective, whose buffers are allocated
+   lazily out of the headroom --, the rest of start-up, under load). A success, or a failure
+   *later* in a trial (``crash-under-load`` after start-up), refutes the rule: it counts 1
+   against it and is *informative*. A failure *earlier* in a trial (``not-enough-memory`` before
+   NCCL ever ran) could not have shown K: it counts 0 and says nothing. A failure of another
+   kind at the same stage (an OOM against a NCCL rule) may have come first: it counts half
+   (``other_weight``), a quarter once a rule of its own kind explains it (``excused_weight``).
+   Two passes: the second knows what the first explained.
+2. **A candidate** explains at least ``min_support`` failures of K with precision (failures over
+   failures plus what counts against) at least ``min_precision``, and is unlikely by chance
+   among the informative trials: the hypergeometric chance of that many K failures among that
+   many informative trials drawn at random is below ``alpha``. The informative trials alone,
+   because a rule must be told from the trials that could have refuted it: in a study where
+   every trial that did not fail with a NCCL error went out of memory first, "low
+   ``mem_fraction_static`` -> nccl-error" is no rule, whatever its purity (the NCCL errors
+   show only where the OOMs did not pre-empt them).
+3. **The search is paid for**: a one-condition rule must also be one that, had the failures
+   nothing to do with the parameters, would turn up as surely among *all* the candidate
+   conditions in fewer than ``alpha_family`` of ``permutations`` shuffles of the outcomes over
+   the trials (a Westfall-Young max-statistic test). A study has hundreds of conditions (every
+   threshold of every parameter), so "6 of 6 failed, chance 2 %" is expected somewhere when most
+   trials fail; only the outcomes are shuffled, so the sampler's habits (parameters that moved
+   together) are kept. Seeded: the same study gives the same rules.
+4. **Each step** takes the surest acceptable candidate -- the highest lower bound (Wilson, 90 %)
+   of the precision, which weighs purity and support together, then the most failures net of
+   what counts against, then the tightest --, over the trials no earlier rule covers: its
+   failures are then explained and its trials leave the pool, so a later rule is judged only on
+   what is left, and a rule whose failures another explains is never printed. Also measured and
+   not kept: taking, of the surest few, the one that leaves the most failures to the others (it
+   recovered a Tree rule whose trials a channels threshold had taken, but as often preferred a
+   threshold over the failures of two causes, which the model then refuted).
+5. **A pair of conditions** is taken only when it is clean (no informative trial against it: two
+   thresholds fitted to the data need no counterexample), surer than any one condition --
+   neither alone explains those failures, as when only many channels *and* a high
+   ``mem_fraction_static`` run out of memory --, with ``alpha_pair`` for chance, each condition
+   going with the failures on its own (``alpha_alone``) and mattering given the other (among
+   the trials one covers, the other picks out the failures beyond chance, ``alpha_within``,
+   both ways). The tests keep out the pairs that the sampler's habits make look good (it
+   concentrates every parameter near the best trials, so any parameter seems to "split" a few).
+6. **Confounds are named, not resolved by fiat**: conditions on other parameters that hold in
+   every failure the rule explains, are refuted by no more informative trials than it, and go
+   with the failures on their own (``alpha``) are the rule's rivals (``confounded_with``, at
+   most ``MAX_RIVALS``, tightest first): the data cannot tell them from the rule, which is then
+   "one of these". A rival that explains more failures, and is a rule by itself, takes the
+   rule's place.
+7. Each failure is attributed to the first rule that covers it; the others are reported as
+   explained by no rule.
+
+A value that merely co-occurred with the cause (``speculative_num_draft_tokens=4`` in the two
+trials that both had ``NCCL_ALGO=Tree``) explains nothing once the cause is taken, so it is not
+printed; failures of two kinds are never one rule; two failures are no rule.
+
+What a rule does not say: it holds over the configurations the study tried. A threshold sits at
+the failure nearest the successes (the tightest rule), but where the true boundary also depends
+on a parameter the failures did not vary (NCCL buffers per channel depend on ``NCCL_PROTO``), the
+rule claims more than the data can show; docs/BENCHMARKS.md measures how often, against the
+simulator's model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from autotune.study_view import TrialView
+
+MIN_SUPPORT = 3
+"""Fewest failures a crash rule rests on."""
+MIN_PRECISION = 0.8
+ALPHA = 0.03
+"""Chance (hypergeometric tail, informative trials) a one-condition rule must be below..."""
+ALPHA_FAMILY = 0.05
+"""...and the share of outcome permutations in which some condition does as well (Westfall-Young)."""
+PERMUTATIONS = 199
+PERMUTATION_SEED = 0
+ALPHA_PAIR = 0.001
+ALPHA_ALONE = 0.05
+"""Each condition of a pair must go with the failures on its own below this chance..."""
+ALPHA_WITHIN = 0.005
+"""...and pick them out among the trials the other condition covers below this chance."""
+OTHER_WEIGHT = 0.5
+"""How much a failure of another kind at the same stage counts against a rule (a success: 1)..."""
+EXCUSED_WEIGHT = 0.25
+"""...and once a rule of its own kind explains it."""
+STAGES = {"invalid-argument": 0, "not-enough-memory": 1, "crash-under-load": 3, "request-errors": 3}
+"""Where in a trial a failure kind happens: the arguments, sizing the KV pool (before any NCCL
+collective), the rest of start-up (out of memory, NCCL errors, timeouts, unknown kinds:
+:data:`START_UP`), under load."""
+START_UP = 2
+MAX_PAIR_CANDIDATES = 400
+"""Conditions (those with the most failures) tried in pairs."""
+MAX_RANKED = 500
+"""Candidates tested for chance, surest first, before a cover step gives up."""
+MAX_RIVALS = 3
+"""Conditions the data cannot tell from a rule, named with it at most."""
+NOT_A_CRASH = ("slo-violated",)
+
+
+# -- conditions and rules ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Condition:
+    """``param op value`` with ``op`` one of ``=``, ``>=``, ``<=``."""
+
+    param: str
+    op: str
+    value: Any
+
+    def holds(self, params: dict[str, Any]) -> bool:
+        v = params.get(self.param)
+        if v is None:
+            return False
+        if self.op == "=":
+            return bool(v == self.value and isinstance(v, bool) == isinstance(self.value, bool))
+        if not is_number(v):
+            return False
+        return bool(v >= self.value) if self.op == ">=" else bool(v <= self.value)
+
+    def __str__(self) -> str:
+        if self.op == "=":
+            return f"{self.param}={_fmt(self.value)}"
+        return f"{self.param} {self.op} {_fmt(self.value)}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"param": self.param, "op": self.op, "value": self.value}
+
+
+@dataclass
+class FailureRule:
+    """``conditions`` held in ``covered`` finished trials, ``failed`` of which failed with ``kind``.
+
+    ``trials``: the failures attributed to this rule (each failure to one rule); ``other_failures``:
+    covered trials that failed with another kind; ``p_value``: the chance of at least ``failed``
+    failures of ``kind`` among the covered trials that could show it, drawn at random from the
+    study's (its failures, successes, failures later in a trial); ``confounded_with``: conditions
+    on other parameters that every one of those failures also had and no more trials refute (a
+    confound the data cannot resolve: the rule is one of them).
+    """
+
+    conditions: tuple[Condition, ...]
+    kind: str
+    failed: int
+    covered: int
+    trials: list[int] = field(default_factory=list)
+    other_failures: int = 0
+    p_value: float = 1.0
+    confounded_with: list[Condition] = field(default_factory=list)
+
+    @property
+    def condition(self) -> str:
+        return " & ".join(str(c) for c in self.conditions)
+
+    def __str__(self) -> str:
+        return f"{self.condition} -> {self.kind} ({self.failed} of {self.covered})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rule": str(self),
+            "condition": self.condition,
+            "conditions": [c.to_json() for c in self.conditions],
+            "kind": self.kind,
+            "support": {"failed": self.failed, "covered": self.covered},
+            "other_failures": self.other_failures,
+            "trials": list(self.trials),
+            "p_value": float(f"{self.p_value:.3g}"),
+            "confounded_with": [str(c) for c in self.confounded_with],
+            "confounded_conditions": [c.to_json() for c in self.confounded_with],
+        }
+
+
+@dataclass
+class RuleReport:
+    """The rules, and the failures no rule explains (trial numbers per kind)."""
+
+    rules: list[FailureRule]
+    unexplained: dict[str, list[int]]
+    finished: int
+
+    def unexplained_json(self) -> dict[str, Any]:
+        trials = sorted(n for ns in self.unexplained.values() for n in ns)
+        return {"count": len(trials), "trials": trials,
+                "kinds": {k: len(v) for k, v in sorted(self.unexplained.items()) if v}}
+
+
+def is_number(x: Any) -> bool:
+    """A finite int or float (not a bool)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
+
+
+def _fmt(x: Any) -> str:
+    if isinstance(x, float):
+        return f"{x:g}" if abs(x) < 1e6 else str(int(x)) if x.is_integer() else repr(x)
+    return str(x)
+
+
+def _crashed(v: TrialView) -> bool:
+    return v.outcome == "infeasible" and (v.failure_kind or "") not in NOT_A_CRASH
+
+
+MEASURED = ("ok", "stopped")
+"""Outcomes of a configuration that ran: measured to the end, or until it could not win."""
+
+
+def finished(views: Sequence[TrialView]) -> list[TrialView]:
+    """The measured (``ok``, and ``stopped``: a load stopped early ran fine) and failed
+    (``infeasible``) trials: what the analysis reads."""
+    return [v for v in views if v.outcome in (*MEASURED, "infeasible")]
+
+
+def candidate_conditions(rows: Sequence[TrialView]) -> tuple[list[Condition], np.ndarray]:
+    """Every condition worth testing, and which rows each holds in (a conditions x rows matrix).
+
+    Numeric parameters (every value a number): ``P >= x`` and ``P <= x`` at each observed ``x``
+    that leaves at least one row out; others: ``P=v`` for each observed ``v``. A parameter with
+    one value says nothing.
+    """
+    names = sorted({k for v in rows for k in v.params})
+    conds: list[Condition] = []
+    masks: list[np.ndarray] = []
+    for name in names:
+        values = [v.params.get(name) for v in rows]
+        present = [x for x in values if x is not None]
+        distinct = sorted(set(map(repr, present)))
+        if len(distinct) < 2:
+            continue
+        if all(is_number(x) for x in present):
+            arr = np.array([float(x) if x is not None else np.nan for x in values])
+            uniq = sorted(set(present))
+            for x in uniq[1:]:
+                conds.append(Condition(name, ">=", x))
+                masks.append(arr >= float(x))
+            for x in uniq[:-1]:
+                conds.append(Condition(name, "<=", x))
+                masks.append(arr <= float(x))
+        else:
+            seen: dict[str, Any] = {}
+            for x in present:
+                seen.setdefault(repr(x), x)
+            for x in seen.values():
+                c = Condition(name, "=", x)
+                conds.append(c)
+                masks.append(np.array([c.holds(v.params) for v in rows]))
+            # choices such as [unset, 2, 3, 4]: ``P >= 2`` says "set, to at least 2"
+            numbers = sorted({x for x in present if is_number(x)})
+            arr = np.array([float(x) if x is not None and is_number(x) else np.nan for x in values])
+            for x in numbers[1:]:
+                conds.append(Condition(name, ">=", x))
+                masks.append(arr >= float(x))
+            for x in numbers[:-1] if len(numbers) > 1 else []:
+                conds.append(Condition(name, "<=", x))
+                masks.append(arr <= float(x))
+            if numbers and len(numbers) < len(seen):
+                conds.append(Condition(name, ">=", numbers[0]))
+                masks.append(arr >= float(numbers[0]))
+    if not masks:
+        return [], np.zeros((0, len(rows)), dtype=bool)
+    return conds, np.vstack(masks)
+
+
+# -- statistics ----------------------------------------------------------------------------------
+def _wilson_low(k: Any, n: Any, z: float = 1.28) -> Any:
+    """Lower end of the Wilson interval (90 % two-sided) of a proportion ``k`` of ``n``."""
+    k, n = np.asarray(k, dtype=float), np.maximum(np.asarray(n, dtype=float), 1e-9)
+    p = k / n
+    centre = p + z * z / (2 * n)
+    half = z * np.sqrt(np.maximum(p * (1 - p) / n + z * z / (4 * n * n), 0.0))
+    return (centre - half) / (1 + z * z / n)
+
+
+def _log_comb(n: int, k: int) -> float:
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+
+
+def hypergeom_tail(population: int, successes: int, draws: int, observed: int) -> float:
+    """P(X >= observed) for X ~ Hypergeometric(population, successes, draws)."""
+    hi = min(successes, draws)
+    if observed > hi:
+        return 0.0
+    lo = max(observed, draws - (population - successes), 0)
+    denom = _log_comb(population, draws)
+    total = 0.0
+    for x in range(lo, hi + 1):
+        total += math.exp(_log_comb(successes, x) + _log_comb(population - successes, draws - x) - denom)
+    return min(1.0, total)
+
+
+def tail_table(population: int, successes: int) -> np.ndarray:
+    """``T[d, x]`` = :func:`hypergeom_tail` ``(population, successes, d, x)`` for every ``d`` in
+    ``0..population`` and ``x`` in ``0..successes + 1``: the chances of many candidates at once."""
+    lf = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, population + 1, dtype=float)))])
+    d = np.arange(population + 1)[:, None]
+    x = np.arange(successes + 1)[None, :]
+    rest = d - x
+    ok = (rest >= 0) & (rest <= population - successes)
+    rest = np.clip(rest, 0, population - successes)
+    log_p = (lf[successes] - lf[x] - lf[successes - x] + lf[population - successes] - lf[rest]
+             - lf[population - successes - rest] - (lf[population] - lf[d] - lf[population - d]))
+    pmf = np.where(ok, np.exp(log_p), 0.0)
+    tail = np.cumsum(pmf[:, ::-1], axis=1)[:, ::-1]
+    return np.minimum(1.0, np.concatenate([tail, np.zeros((population + 1, 1))], axis=1))
+
+
+def stage(kind: str) -> int:
+    """Where in a trial a failure of ``kind`` happens (:data:`STAGES`)."""
+    return STAGES.get(kind, START_UP)
+
+
+def rule_settings() -> dict[str, Any]:
+    """The crash rules' settings (the module's constants), as ``explain`` reports them."""
+    return {"min_support": MIN_SUPPORT, "min_precision": MIN_PRECISION, "alpha": ALPHA, "alpha_family": ALPHA_FAMILY,
+            "permutations": PERMUTATIONS, "alpha_pair": ALPHA_PAIR, "alpha_alone": ALPHA_ALONE,
+            "alpha_within": ALPHA_WITHIN, "other_weight": OTHER_WEIGHT, "excused_weight": EXCUSED_WEIGHT}
+
+
+# -- the cover -----------------------------------------------------------------------------------
+Chosen = tuple[tuple[int, ...], np.ndarray, list[int]]
+"""A rule the cover took: its condition indices, the rows it covers, its rivals' indices."""
+
+
+class _Cover:
+    """The sequential greedy cover of one kind's failures (the module docstring, steps 2-6).
+
+    ``kind_fail``: the rows that failed with the kind; ``weight``: how much each other row counts
+    against a rule covering it (0: says nothing; 1: refutes it, and is informative); ``bounds``:
+    the permutation bounds already computed (the second pass often asks for the same);
+    ``dense``: ``masks`` as float32, for the products."""
+
+    def __init__(self, kind_fail: np.ndarray, weight: np.ndarray, conds: list[Condition], masks: np.ndarray,
+                 params_of: np.ndarray, bounds: dict[bytes, float], dense: np.ndarray) -> None:
+        self.kind_fail, self.weight, self.conds, self.masks, self.params_of = kind_fail, weight, conds, masks, params_of
+        self.dense = dense
+        self.counted = kind_fail | (weight > 0)
+        self.against = self.counted & ~kind_fail
+        self.hard = self.against & (weight >= 1.0)
+        self.active = np.ones(len(kind_fail), dtype=bool)
+        self.every = np.arange(len(conds))
+        self.bounds = bounds
+
+    # -- counts and chances ----------------------------------------------------------------------
+    def stats(self, rows_a: np.ndarray, rows_b: np.ndarray | None = None,
+              act: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        """Failures, weighted count against, informative trials against and rows covered, of
+        each condition ``rows_a`` (or pair ``rows_a`` x ``rows_b``) over the rows ``act`` (default:
+        the active ones)."""
+        act = self.active if act is None else act
+        cols = np.stack([self.kind_fail & act, (self.against & act) * self.weight, self.hard & act, act]).astype(np.float32)
+        ma = self.dense[rows_a]
+        if rows_b is None:
+            return tuple((ma @ cols.T).T.astype(np.float64))
+        mb = self.dense[rows_b]
+        return tuple(((ma * c) @ mb.T).astype(np.float64) for c in cols)
+
+    def chance(self, fail: np.ndarray, nag: np.ndarray, act: np.ndarray | None = None) -> np.ndarray:
+        """Of the informative rows of ``act`` (the kind's failures, and the rows that refute a
+        rule), the chance that ``fail + nag`` drawn at random hold ``fail`` failures or more."""
+        act = self.active if act is None else act
+        table = tail_table(int(((self.kind_fail | self.hard) & act).sum()), int((self.kind_fail & act).sum()))
+        f = np.rint(np.asarray(fail)).astype(int)
+        return table[f + np.rint(np.asarray(nag)).astype(int), np.minimum(f, table.shape[1] - 1)]
+
+    def valid(self, fail: np.ndarray, agn: np.ndarray) -> np.ndarray:
+        return (fail >= MIN_SUPPORT) & (fail >= MIN_PRECISION * (fail + agn) - 1e-9)
+
+    def family_bound(self) -> float:
+        """The largest chance a one-condition rule may have so that, had the failures nothing to
+        do with the parameters, a rule as sure turns up among all the conditions in fewer than
+        ``ALPHA_FAMILY`` of ``PERMUTATIONS`` shuffles of the outcomes over the active rows."""
+        rows = np.flatnonzero(self.counted & self.active)
+        key = b"".join(a[rows].tobytes() for a in (self.kind_fail, self.weight)) + rows.tobytes()
+        if key in self.bounds:
+            return self.bounds[key]
+        packed = np.packbits(self.masks[:, rows], axis=1)
+        _, first = np.unique(packed, axis=0, return_index=True)
+        m = self.dense[first][:, rows]
+        k = self.kind_fail[rows]
+        labels = np.stack([k, np.where(k, 0.0, self.weight[rows]), (k | self.hard[rows])]).astype(np.float32)
+        table = tail_table(int(labels[2].sum()), int(k.sum()))
+        rng = np.random.default_rng(PERMUTATION_SEED)
+        perms = np.argsort(rng.random((PERMUTATIONS, len(rows))), axis=1)
+        out = m @ labels[:, perms].reshape(3 * PERMUTATIONS, len(rows)).T
+        fail = np.rint(out[:, :PERMUTATIONS]).astype(int)
+        agn = out[:, PERMUTATIONS:2 * PERMUTATIONS]
+        draws = np.rint(out[:, 2 * PERMUTATIONS:]).astype(int)
+        p = np.where(self.valid(fail, agn), table[draws, fail], 1.0)
+        least = np.sort(p.min(axis=0))
+        allowed = int(math.floor(ALPHA_FAMILY * (PERMUTATIONS + 1))) - 1
+        self.bounds[key] = float(least[allowed]) if allowed < PERMUTATIONS else 1.0
+        return self.bounds[key]
+
+    # -- choosing ----------------------------------------------------------------------------------
+    def pick(self, fail: np.ndarray, agn: np.ndarray, nag: np.ndarray, cov: np.ndarray, alpha: float, *,
+             extra_ok: Any = None, family: bool = False, count: int = 1) -> list[int]:
+        """Up to ``count`` acceptable candidates, surest first: the lower bound of the precision
+        (purity and support together, so a pure rule takes its failures before a broader, less
+        pure one that covers some of them too), then the most failures net of what counts
+        against, then the tightest (fewest rows)."""
+        idx = np.flatnonzero(self.valid(fail, agn))
+        out: list[int] = []
+        if not len(idx):
+            return out
+        lb = _wilson_low(fail[idx], fail[idx] + agn[idx])
+        idx = idx[np.lexsort((idx, cov[idx], -(fail[idx] - agn[idx]), -np.round(lb, 6)))][:MAX_RANKED]
+        p = self.chance(fail[idx], nag[idx])
+        bound = self.family_bound() if family and bool((p <= alpha).any()) else 1.0
+        for j, pj in zip(idx, p):
+            if pj <= alpha and (not family or pj < bound) and (extra_ok is None or extra_ok(int(j))):
+                out.append(int(j))
+                if len(out) >= count:
+                    break
+        return out
+
+    def single(self) -> tuple[int | None, tuple[np.ndarray, ...]]:
+        """The one-condition rule this step would take (the surest acceptable one), and every
+        condition's counts."""
+        counts = self.stats(self.every)
+        fail, agn, nag, cov = counts
+        return next(iter(self.pick(fail, agn, nag, cov, ALPHA, family=True)), None), counts
+
+    def pair(self, counts: tuple[np.ndarray, ...], best_single: float) -> tuple[int, int] | None:
+        """The two-condition rule this step would take, if any (the module docstring, step 5)."""
+        fail1, _, nag1, _ = counts
+        cand = np.flatnonzero(fail1 > 0)
+        cand = cand[np.argsort(-fail1[cand], kind="stable")[:MAX_PAIR_CANDIDATES]]
+        cand = cand[self.chance(fail1[cand], nag1[cand]) <= ALPHA_ALONE]
+        if len(cand) < 2:
+            return None
+        n = len(cand)
+        fail2, agn2, nag2, cov2 = self.stats(cand, cand)
+        params = self.params_of[cand]
+        allowed = np.triu(np.ones((n, n), dtype=bool), k=1) & (params[:, None] != params[None, :]) & (nag2 == 0)
+        fail2 = np.where(allowed & (_wilson_low(fail2, fail2 + agn2) > best_single), fail2, 0.0)
+
+        def both_needed(flat: int) -> bool:
+            """Among the rows one condition covers, the other picks out the failures beyond
+            chance, both ways (else it is one condition plus a coincidence)."""
+            for x in divmod(flat, n):
+                within, k_within = int(fail1[cand[x]] + nag1[cand[x]]), int(fail1[cand[x]])
+                if hypergeom_tail(within, k_within, int(fail2.flat[flat] + nag2.flat[flat]),
+                                  int(fail2.flat[flat])) > ALPHA_WITHIN:
+                    return False
+            return True
+
+        found = self.pick(fail2.ravel(), agn2.ravel(), nag2.ravel(), cov2.ravel(), ALPHA_PAIR, extra_ok=both_needed)
+        if not found:
+            return None
+        a, b = divmod(found[0], n)
+        return int(cand[a]), int(cand[b])
+
+    def rivals(self, idx: tuple[int, ...], mask: np.ndarray) -> Chosen:
+        """The rule, and the conditions on other parameters that hold in every failure it
+        explains, are refuted by no more informative trials than it and go with the failures on
+        their own: the data cannot tell them from the rule (tightest first). A rival that
+        explains more failures, and is a rule by itself, takes the rule's place."""
+        f = mask & self.kind_fail & self.active
+        ok = self.masks[:, f].all(axis=1) & ~np.isin(self.params_of, [self.params_of[i] for i in idx])
+        ok &= self.masks[:, self.hard & self.active].sum(axis=1) <= int((mask & self.hard & self.active).sum())
+        cand = np.flatnonzero(ok)
+        if not len(cand):
+            return idx, mask, []
+        fail, agn, nag, cov = self.stats(cand)
+        keep = self.chance(fail, nag) <= ALPHA
+        better = keep & (fail > f.sum()) & self.valid(fail, agn)
+        if better.any():
+            c = int(cand[np.flatnonzero(better)[np.argmax(fail[better])]])
+            return self.rivals((c,), self.masks[c])
+        found: dict[tuple[str, str], int] = {}
+        for pos in np.flatnonzero(keep):
+            c = self.conds[cand[pos]]
+            key = (c.param, c.op if c.op != "=" else f"={c.value!r}")
+            if key not in found or cov[pos] < cov[found[key]]:
+                found[key] = int(pos)
+        ranked = sorted(found.values(), key=lambda pos: (cov[pos], cand[pos]))
+        return idx, mask, [int(cand[pos]) for pos in ranked[:MAX_RIVALS]]
+
+    def run(self) -> list[Chosen]:
+        """The rules, in the order taken."""
+        chosen: list[Chosen] = []
+        if int(self.kind_fail.sum()) < MIN_SUPPORT or not len(self.conds):
+            return chosen
+        while int((self.kind_fail & self.active).sum()) >= MIN_SUPPORT:
+            j, counts = self.single()
+            best_single = float(_wilson_low(counts[0][j], counts[0][j] + counts[1][j])) if j is not None else -np.inf
+            pair = self.pair(counts, best_single)
+            if pair is not None:
+                chosen.append(self.rivals(pair, self.masks[pair[0]] & self.masks[pair[1]]))
+            elif j is not None:
+                chosen.append(self.rivals((j,), self.masks[j]))
+            else:
+                break
+            self.active &= ~chosen[-1][1]
+        return chosen
+
+
+def failure_rules(views: Sequence[TrialView]) -> RuleReport:
+    """The crash rules of the finished trials ``views`` (see the module docstring)."""
+    rows = finished(views)
+    n = len(rows)
+    crashed = np.array([_crashed(v) for v in rows], dtype=bool)
+    kinds_of = np.array([(v.failure_kind or "?") if c else "" for v, c in zip(rows, crashed)], dtype=object)
+    stage_of = np.array([stage(k) if k else -1 for k in kinds_of])
+    kinds = sorted({k for k in kinds_of if k})
+    conds, masks = candidate_conditions(rows)
+    params_of = np.array([c.param for c in conds], dtype=object)
+    bounds: dict[bytes, float] = {}
+    dense = masks.astype(np.float32)
+    Found = dict[str, list[Chosen]]
+
+    def weights(kind: str, explained: np.ndarray) -> np.ndarray:
+        """Against a rule of ``kind``: a success 1; a failure of another kind later in a trial 1
+        (the trial got past where ``kind`` happens), earlier 0 (it never got there), at the same
+        stage ``OTHER_WEIGHT``, or ``EXCUSED_WEIGHT`` once a rule of its own kind explains it."""
+        w = np.where(crashed, OTHER_WEIGHT, 1.0)
+        w[explained & (kinds_of != kind)] = EXCUSED_WEIGHT
+        w[crashed & (stage_of > stage(kind))] = 1.0
+        w[crashed & (stage_of < stage(kind))] = 0.0
+        w[kinds_of == kind] = 0.0
+        return w
+
+    def run(explained: np.ndarray) -> Found:
+        return {kind: _Cover(kinds_of == kind, weights(kind, explained), conds, masks, params_of, bounds, dense).run()
+                for kind in kinds}
+
+    def explained_by(found: Found) -> np.ndarray:
+        out = np.zeros(n, dtype=bool)
+        for kind, chosen in found.items():
+            for _, mask, _ in chosen:
+                out |= mask & (kinds_of == kind)
+        return out
+
+    found = run(explained_by(run(np.zeros(n, dtype=bool))))
+    explained = explained_by(found)
+    rules: list[FailureRule] = []
+    unexplained: dict[str, list[int]] = {}
+    for kind in kinds:
+        kind_fail = kinds_of == kind
+        informative = kind_fail | (weights(kind, explained) >= 1.0)
+        left = kind_fail.copy()
+        for idx, mask, rival in found[kind]:
+            mine = mask & left
+            left &= ~mask
+            failed = int((mask & kind_fail).sum())
+            rules.append(FailureRule(
+                conditions=tuple(conds[i] for i in idx), kind=kind, failed=failed, covered=int(mask.sum()),
+                trials=[rows[i].number for i in np.flatnonzero(mine)],
+                other_failures=int((mask & crashed & ~kind_fail).sum()),
+                p_value=hypergeom_tail(int(informative.sum()), int(kind_fail.sum()), int((mask & informative).sum()), failed),
+                confounded_with=[conds[i] for i in rival],
+            ))
+        if left.any():
+            unexplained[kind] = [rows[i].number for i in np.flatnonzero(left)]
+    rules.sort(key=lambda r: (-len(r.trials), r.kind, r.condition))
+    return RuleReport(rules=rules, unexplained=unexplained, finished=n)
+
+
+__all__ = ["Condition", "FailureRule", "MIN_SUPPORT", "RuleReport", "candidate_conditions", "failure_rules",
+           "finished", "hypergeom_tail", "is_number", "rule_settings", "stage"]
