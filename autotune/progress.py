@@ -22,7 +22,7 @@ from rich.text import Text
 from autotune.analysis import crash_rules
 from autotune.pareto import Goal
 from autotune.runner import TrialResult
-from autotune.study_view import TrialView, is_multi_objective, objectives, pick, trial_views
+from autotune.study_view import TrialView, best_of, is_multi_objective, measured_configs, objectives, pick, trial_views
 
 
 MESSAGE_LIMIT = 240
@@ -173,25 +173,30 @@ def shorten(text: str, limit: int) -> str:
 
 
 def top_table(views: list[TrialView], metric: str, maximize: bool = True, top: int = TOP_TRIALS) -> Table:
-    """The baseline and the ``top`` best feasible trials, each with what it changed from the
-    baseline: a table for an 80-column terminal (``study show`` has every trial)."""
-    feasible = sorted((v for v in views if v.value is not None), key=lambda v: v.value or 0.0, reverse=maximize)
+    """The baseline and the ``top`` best configurations, each by the mean of its measurements
+    (as ``study best`` ranks them: a configuration measured again shows every trial that
+    measured it), with what it changed from the baseline: a table for an 80-column terminal
+    (``study show`` has every trial)."""
+    configs = sorted(measured_configs(views), key=lambda m: m.mean, reverse=maximize)
     base = next((v for v in views if v.baseline), None)
-    rows = feasible[:top]
-    if base is not None and base not in rows:
-        rows.append(base)
-    table = Table(title=Text(f"best trials ({metric})"), expand=False)
+    rows = configs[:top]
+    if base is not None and base.value is not None and not any(base.number in m.trials for m in rows):
+        rows += [m for m in configs if base.number in m.trials]
+    base_value = next((m.mean for m in configs if base is not None and base.number in m.trials), None)
+    table = Table(title=Text(f"best configurations ({metric}, mean of its measurements)"), expand=False)
     table.add_column("#", no_wrap=True)
     table.add_column("value", justify="right", no_wrap=True)
     table.add_column("vs base", justify="right", no_wrap=True)
     table.add_column("changed from the baseline", overflow="fold", max_width=52)
-    for v in rows:
-        ratio = "" if base is None or not base.value or v.value is None else f"{v.value / base.value:.2f}x"
-        changed = "(baseline)" if v is base else " ".join(
-            f"{k}={p}" for k, p in v.params.items() if base is None or base.params.get(k) != p)
-        style = "bold green" if v is rows[0] and v.value is not None else None
-        table.add_row(Text(str(v.number)), Text(f"{v.value:.4g}" if v.value is not None else "-"), Text(ratio),
-                      Text(changed), style=style)
+    for m in rows:
+        is_base = base is not None and base.number in m.trials
+        ratio = "" if not base_value else f"{m.mean / base_value:.2f}x"
+        changed = "(baseline)" if is_base else " ".join(
+            f"{k}={p}" for k, p in m.params.items() if base is None or base.params.get(k) != p)
+        style = "bold green" if m is rows[0] else None
+        table.add_row(Text(",".join(map(str, m.trials))), Text(f"{m.mean:.4g}"), Text(ratio), Text(changed), style=style)
+    if base is not None and base.value is None:
+        table.add_row(Text(str(base.number)), Text("-"), Text(""), Text(f"(baseline: {base.outcome})"))
     return table
 
 
@@ -213,7 +218,8 @@ def summary_table(views: list[TrialView], metric: str, maximize: bool = True, *,
                   front: Sequence[int] = (), chosen: int | None = None, title: str = "trials") -> Table:
     """A table of every trial: number, outcome, value, failure kind (for a trial stopped early:
     where and why), the parameters that differ from the baseline's (all of them for the
-    baseline), duration. The best trial is in green.
+    baseline), duration. The best configuration's trials (:func:`~autotune.study_view.best_of`)
+    are in green.
 
     A multi-objective study (``goals``: two or more): one value column per objective, the trials
     on the Pareto front (``front``) marked, the ``chosen`` one in green."""
@@ -223,8 +229,8 @@ def summary_table(views: list[TrialView], metric: str, maximize: bool = True, *,
     value_columns = [g.metric for g in goals] if multi else ["value"]
     for col in ("#", "outcome", *value_columns, "failure", "parameters (vs baseline)", "time"):
         table.add_column(col, overflow="fold")
-    values = [v.value for v in views if v.value is not None]
-    best = (max if maximize else min)(values) if values and not multi else None
+    chosen_best = None if multi else best_of(views, maximize)
+    best = set(chosen_best.measured.trials) if chosen_best is not None and chosen_best.measured else set()
     base = next((v.params for v in views if v.baseline), {})
     on_front = set(front)
     for v in views:
@@ -233,7 +239,7 @@ def summary_table(views: list[TrialView], metric: str, maximize: bool = True, *,
             style = "bold green" if v.number == chosen else None
         else:
             cells_values = ["" if v.value is None else f"{v.value:.4g}"]
-            style = "bold green" if v.value is not None and v.value == best else None
+            style = "bold green" if v.number in best else None  # every measurement of the best
         shown = v.params if v.baseline else {k: p for k, p in v.params.items() if base.get(k) != p}
         params = " ".join(f"{k}={p}" for k, p in shown.items())
         number = str(v.number) + (" (baseline)" if v.baseline else "") + (" (front)" if v.number in on_front else "")

@@ -36,7 +36,15 @@ def _study(doc: dict[str, Any]) -> dict[str, Any]:
                 "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms", "duration_s")},
         })
     ok = [t for t in trials if t["outcome"] == "ok" and t["value"] is not None]
-    best = max(ok, key=lambda t: t["value"]) if ok else None
+    # The best as `study best` chooses it: the configuration with the best mean of its measurements
+    # (the study's confirmation runs measure the top ones again), reported at its first trial.
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for t in ok:
+        groups.setdefault(json.dumps(t["params"], sort_keys=True, default=str), []).append(t)
+    best = None
+    if groups:
+        rows = max(groups.values(), key=lambda g: sum(t["value"] for t in g) / len(g))
+        best = {**rows[0], "value": sum(t["value"] for t in rows) / len(rows), "measured_in": [t["number"] for t in rows]}
     base = next((t for t in trials if t["baseline"] and t["value"] is not None), None)
     startups = [t["startup_s"] for t in trials if t["startup_s"] is not None]
     return {
