@@ -433,7 +433,7 @@ def build_report(study: optuna.Study, storage: str, *, analysis: Mapping[str, An
     if chosen is not None and best is not None:
         summary = (f"{len(views)} trials; objectives: " + ", ".join(f"{g.direction} {g.metric}" for g in goals)
                    + f"; Pareto front: trials {', '.join(map(str, chosen.front))}; chosen: trial {best.number} ("
-                   + ", ".join(f"{g.metric} = {_fmt(x)}" for g, x in zip(goals, best.values or [])) + f") by the rule "
+                   + ", ".join(f"{g.metric} = {_fmt(x)}" for g, x in zip(goals, best.values or [])) + ") by the rule "
                    + chosen.text)
     elif len(goals) > 1:
         summary = (f"{len(views)} trials; objectives: " + ", ".join(f"{g.direction} {g.metric}" for g in goals)

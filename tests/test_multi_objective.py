@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,6 @@ import yaml
 from optuna.trial import TrialState
 from rich.console import Console
 
-from autotune import cli
 from autotune.config import StudyConfig
 from autotune.driver import Driver, StudyMismatchError
 from autotune.executors import make_runner
@@ -39,6 +36,7 @@ from autotune.slots import Slot
 from autotune.space import SearchSpace
 from autotune.stopping import StopRequest
 from autotune.study_view import best_view, trial_views
+from tests.test_bad_inputs import run_in_process
 
 SCENARIO = "rtx6000-pcie-glm5"
 TRIALS = 14
@@ -76,17 +74,7 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, optuna.S
     return tmp, f"sqlite:///{tmp}/m.db", st
 
 
-def _cli(argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> tuple[Any, str, str]:
-    monkeypatch.setattr(sys, "argv", ["autotune", *argv])
-    umask = os.umask(0o022)
-    os.umask(umask)
-    try:
-        with pytest.raises(SystemExit) as exited:
-            cli.main()
-    finally:
-        os.umask(umask)
-    out = capsys.readouterr()
-    return exited.value.code, out.out, out.err
+_cli = run_in_process  # autotune ARGV through autotune.cli.main: (exit code, stdout, stderr)
 
 
 def _front(trials: list[dict[str, Any]]) -> set[int]:
