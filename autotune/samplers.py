@@ -50,6 +50,8 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.analysis import analysed_views, failure_rules
+
 TPE_STARTUP_TRIALS = 4
 """Random trials before TPE models the study (serial; see :func:`tpe_sampler` for parallel)."""
 MAX_DRAWS = 20
@@ -163,8 +165,6 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         """The study's crash regions: each rule's conditions (:func:`autotune.analysis.failure_rules`)
         with its share of failures and its failures' mean duration over a measured trial's
         median. Recomputed when a trial has finished."""
-        from autotune.analysis import analysed_views, failure_rules
-
         views = analysed_views(study)
         finished = sum(1 for v in views if v.outcome in ("ok", "infeasible"))
         if self._rules_at != finished:
