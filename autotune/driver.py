@@ -156,7 +156,8 @@ def derived_seed(seed: int | None, trials_so_far: int) -> int | None:
 SamplerFactory = Callable[[int | None], optuna.samplers.BaseSampler]
 """Makes a study's sampler from its seed (:func:`derived_seed`): a :class:`Driver` option."""
 
-def make_sampler(kind: str, seed: int | None, *, slots: int = 1) -> optuna.samplers.BaseSampler:
+def make_sampler(kind: str, seed: int | None, *, slots: int = 1,
+                 launched_as: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> optuna.samplers.BaseSampler:
     """The sampler for a config's ``sampler`` key, for a study run on ``slots`` slots at once.
 
     ``tpe`` (the default) is :class:`~autotune.samplers.CrashAwareTPESampler`: multivariate TPE
@@ -171,7 +172,7 @@ def make_sampler(kind: str, seed: int | None, *, slots: int = 1) -> optuna.sampl
         return optuna.samplers.GPSampler(seed=seed)
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    return CrashAwareTPESampler(seed, slots=slots)
+    return CrashAwareTPESampler(seed, slots=slots, launched_as=launched_as)
 
 
 def startup_timeout(startups: list[float], *, cap_s: float, factor: float, floor_s: float) -> tuple[float, str]:
@@ -268,7 +269,8 @@ class Driver:
         self._check_same_study(study)
         seed = derived_seed(self.config.seed, len(study.trials))
         study.sampler = (self.sampler_factory(seed) if self.sampler_factory is not None
-                         else make_sampler(self.config.sampler, seed, slots=self.executor.capacity()))
+                         else make_sampler(self.config.sampler, seed, slots=self.executor.capacity(),
+                                           launched_as=self._applied))
         if "config" not in study.user_attrs:
             study.set_user_attr("config", self._stored_config())
             stored: dict[str, Any] = {"name": self.objective.name, "metric": self.objective.metric,
@@ -305,6 +307,10 @@ class Driver:
             baseline = self.space.complete(self.config.baseline)
             study.enqueue_trial(baseline, user_attrs={"baseline": True}, skip_if_exists=True)
         return study
+
+    def _applied(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The values a trial of raw ``params`` launches (the space's rules repaired)."""
+        return dict(self.space.to_launch(params).applied)
 
     def _record_host_facts(self, study: optuna.Study) -> None:
         """What each host says about its GPUs, driver and NCCL (for the profile's provenance), in

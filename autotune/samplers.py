@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 import random
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import optuna
@@ -93,8 +93,11 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
     """
 
     def __init__(self, seed: int | None = None, *, slots: int = 1, avoid_crashes: bool = True,
-                 probes: bool = True) -> None:
+                 probes: bool = True, launched_as: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
         self.tpe = tpe_sampler(seed, slots=slots)
+        self.launched_as = launched_as
+        """Raw parameters -> the values launched (the search space's rules repaired), so two
+        proposals that launch the same configuration count as a repeat; None: as proposed."""
         self.avoid_crashes = avoid_crashes
         self.probes = probes
         self._rng = random.Random(seed)
@@ -113,13 +116,13 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         finished = [t for t in study._get_trials(deepcopy=False, use_cache=True)  # noqa: SLF001
                     if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
         incumbent = self._incumbent(study, finished) if self.probes else None
-        launched = {_key(t.params) for t in finished}
+        launched = {self._launch_key(t.params) for t in finished}
         if incumbent is not None and len(finished) >= PROBE_AFTER and trial.number % PROBE_EVERY == 0:
             name = self._next_parameter(search_space)
             for rank in range(MAX_DRAWS):
                 probe = {n: incumbent.params[n] for n in search_space}
                 probe[name] = self._least_explored(finished, name, search_space[name], probe[name], rank)
-                if _key(probe) not in launched and (not self.avoid_crashes or self.worth(study, probe) >= 1.0):
+                if self._launch_key(probe) not in launched and (not self.avoid_crashes or self.worth(study, probe) >= 1.0):
                     return probe
             # every probe of this parameter is launched already or in a crash region: TPE's turn
         params = self.tpe.sample_relative(study, trial, search_space)
@@ -127,7 +130,7 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
             return params
         best, best_worth = params, -1.0
         for _ in range(MAX_DRAWS):
-            worth = 0.0 if _key(params) in launched else self.worth(study, params)
+            worth = 0.0 if self._launch_key(params) in launched else self.worth(study, params)
             if worth >= 1.0 or self._rng.random() < worth:
                 return params
             if worth > best_worth:
@@ -182,6 +185,15 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
     def sure_rules(self, study: optuna.Study) -> list[tuple[Any, ...]]:
         """The conditions of the crash regions where every trial failed: never proposed again."""
         return [conditions for conditions, p, _ in self.regions(study) if p >= 1.0]
+
+    def _launch_key(self, params: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+        """The identity of the configuration ``params`` launches."""
+        if self.launched_as is not None:
+            try:
+                params = self.launched_as(params)
+            except (KeyError, ValueError, TypeError):
+                pass  # parameters outside the space: compared as proposed
+        return _key(params)
 
     @staticmethod
     def _incumbent(study: optuna.Study, finished: list[FrozenTrial]) -> FrozenTrial | None:

@@ -145,3 +145,21 @@ def test_a_region_that_fails_late_is_avoided_more_than_one_that_fails_fast() -> 
     w_slow = CrashAwareTPESampler(seed=1).worth(slow, inside)
     assert 0 < w_slow < w_fast < 1
     assert CrashAwareTPESampler(seed=1).worth(fast, {"algo": "Ring", "mem": 0.6}) == 1.0
+
+
+def test_a_proposal_that_launches_a_measured_configuration_is_a_repeat_too() -> None:
+    """With the space's repair (here: ``mem`` above 0.89 launches as 0.89), a proposal whose
+    launched values were measured already counts as a repeat, though its raw values are new."""
+    def clamp(p: dict) -> dict:
+        return {**p, "mem": min(p["mem"], 0.89)}
+
+    study = _study(crashes=0)  # measured (Tree, 0.89) among others; the value grows with mem
+    sampler = CrashAwareTPESampler(seed=3, launched_as=clamp)
+    assert sampler._launch_key({"algo": "Tree", "mem": 0.93}) == sampler._launch_key({"algo": "Tree", "mem": 0.89})
+    measured = {(t.params["algo"], t.params["mem"]) for t in study.trials}
+    for _ in range(15):
+        trial = study.ask()
+        frozen = study.get_trials(deepcopy=False)[-1]
+        p = sampler.sample_relative(study, frozen, sampler.infer_relative_search_space(study, frozen))
+        assert (p["algo"], min(p["mem"], 0.89)) not in measured, p
+        study.tell(trial, state=TrialState.FAIL)
