@@ -49,7 +49,7 @@ def tuner(
     trials: int = typer.Option(60, "--trials", help="Trials per study (the baseline included)."),
     seeds: int = typer.Option(20, "--seeds", help="Studies per strategy and scenario (seeds 0 .. K-1)."),
     strategies: Optional[str] = typer.Option(None, "--strategies", metavar="LIST",
-                                             help="Comma-separated: autotune, random, grid, tpe-naive (default: all)."),
+                                             help="Comma-separated: autotune, tpe, random, grid, tpe-naive (default: all)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", help="Worker processes (default: the CPU count)."),
     noise: Optional[float] = typer.Option(None, "--noise", help="Relative sd of measured throughput (default: the scenario's)."),
     scratch: Optional[Path] = typer.Option(None, "--scratch", help="Folder for the studies' SQLite files (default: /dev/shm, else the temp folder)."),
