@@ -137,8 +137,8 @@ class Condition:
 
     def __str__(self) -> str:
         if self.op == "=":
-            return f"{self.param}={_fmt(self.value)}"
-        return f"{self.param} {self.op} {_fmt(self.value)}"
+            return f"{self.param}={show_value(self.value)}"
+        return f"{self.param} {self.op} {show_value(self.value)}"
 
     def to_json(self) -> dict[str, Any]:
         return {"param": self.param, "op": self.op, "value": self.value}
@@ -206,7 +206,8 @@ def is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
 
 
-def _fmt(x: Any) -> str:
+def show_value(x: Any) -> str:
+    """A parameter value as a rule or a message names it (floats short, large ones exact)."""
     if isinstance(x, float):
         return f"{x:g}" if abs(x) < 1e6 else str(int(x)) if x.is_integer() else repr(x)
     return str(x)
@@ -572,4 +573,4 @@ def failure_rules(views: Sequence[TrialView]) -> RuleReport:
 
 
 __all__ = ["Condition", "FailureRule", "MIN_SUPPORT", "RuleReport", "candidate_conditions", "failure_rules",
-           "finished", "hypergeom_tail", "is_number", "rule_settings", "stage"]
+           "finished", "hypergeom_tail", "is_number", "rule_settings", "show_value", "stage"]

@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.crash_rules import is_number, show_value
+
 SKIPPED = "skipped"
 """The ``outcome`` of a trial the driver did not launch because an earlier failure implies it."""
 MAX_SKIPS_IN_A_ROW = 25
@@ -40,7 +42,7 @@ class Implication:
     moved: dict[str, tuple[Any, Any]]
 
     def message(self) -> str:
-        moves = ", ".join(f"{n} {_show(now)} {'>' if _gt(now, before) else '<'} {_show(before)}"
+        moves = ", ".join(f"{n} {show_value(now)} {'>' if now > before else '<'} {show_value(before)}"
                           for n, (before, now) in self.moved.items())
         return (f"skipped: trial {self.trial} failed with {self.kind}, and this configuration differs from it only by "
                 f"{moves}, which the search space declares fails the same way (monotone)")
@@ -60,25 +62,13 @@ def implied_failure(applied: Mapping[str, Any], failures: Iterable[tuple[int, st
             if was == now and isinstance(was, bool) == isinstance(now, bool):
                 continue
             direction = monotone.get(name, {}).get(kind)
-            if direction is None or not _numbers(was, now) or (now > was) != (direction == "up"):
+            if direction is None or not (is_number(was) and is_number(now)) or (now > was) != (direction == "up"):
                 break
             moved[name] = (was, now)
         else:
             if moved and set(before) <= set(applied):
                 return Implication(number, kind, moved)
     return None
-
-
-def _numbers(*xs: Any) -> bool:
-    return all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs)
-
-
-def _gt(a: Any, b: Any) -> bool:
-    return bool(a > b)
-
-
-def _show(x: Any) -> str:
-    return f"{x:g}" if isinstance(x, float) else str(x)
 
 
 __all__ = ["Implication", "MAX_SKIPS_IN_A_ROW", "SKIPPED", "implied_failure"]
