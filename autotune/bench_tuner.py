@@ -363,7 +363,8 @@ class StudyTrace:
     confirmations: int = 0
     """Launched trials that measured a best configuration again."""
     reported_over_true: float | None = None
-    """The final reported best (the mean of its measurements) over its noise-free value."""
+    """The final reported best (its figure: the mean of its runs after the first when measured
+    again) over its noise-free value."""
     reported_count: int = 0
     """How many measurements the final reported best is the mean of."""
 
@@ -427,8 +428,8 @@ def run_study(task: StudyTask) -> StudyTrace:
 
 def _trace(task: StudyTask, trials: Sequence[optuna.trial.FrozenTrial], ex: ModelExecutor, clock: _Clock) -> StudyTrace:
     """What the study did, launched trial by launched trial (skipped ones launched nothing): the
-    best as ``study best`` chooses it (:func:`~autotune.study_view.best_of`: the best mean of a
-    configuration's measurements) after each, re-predicted without noise."""
+    best as ``study best`` chooses it (:func:`~autotune.study_view.best_of`: the best figure of a
+    configuration, see :class:`~autotune.study_view.Measured`) after each, re-predicted without noise."""
     ev = _evaluator(task.setup)
     trace = StudyTrace(task.setup.scenario_name, task.strategy, task.seed)
     costs = {c.number: c for c in ex.costs}
@@ -455,7 +456,7 @@ def _trace(task: StudyTask, trials: Sequence[optuna.trial.FrozenTrial], ex: Mode
     if best is not None and best.value:
         true = ev.value(best.params)
         trace.reported_over_true = None if not true else best.value / true
-        trace.reported_count = best.measured.count if best.measured else 1
+        trace.reported_count = len(best.measured.backing) if best.measured else 1
     previous = clock.start
     for mark in clock.marks:
         trace.driver_s.append(mark - previous)

@@ -319,7 +319,7 @@ def _baseline_from(cfg: StudyConfig, space: Any) -> dict[str, Any]:
 
 
 def _print_best(study: Any, metric: str) -> None:
-    from autotune.study_view import best_view, is_multi_objective, trial_views
+    from autotune.study_view import backing_text, best_view, is_multi_objective, trial_views
 
     if is_multi_objective(study):
         _print_front(study)
@@ -337,10 +337,10 @@ def _print_best(study: Any, metric: str) -> None:
     # Names and values are user data: printed as text, never read as rich markup.
     _out.print(f"best: trial {best.number} {metric}={best.value:.4g}{vs}", markup=False)
     m = best.measured
-    if m is not None and m.count > 1:
-        lo, hi = m.interval95 or (m.mean, m.mean)
-        _out.print(f"  mean of {m.count} measurements (trials {', '.join(map(str, m.trials))}), "
-                   f"95% interval [{lo:.4g}, {hi:.4g}]", markup=False)
+    if m is not None and m.first_excluded:
+        _out.print("  " + backing_text(m), markup=False)
+        _out.print(f"  its first run (trial {m.trials[0]}: {m.values[0]:.4g}) is not averaged in: that run made it a "
+                   "candidate, and the top of many single runs reads high", markup=False)
     elif m is not None:
         _out.print("  1 measurement, no interval (the study did not measure it again)", markup=False)
     _out.print("  " + " ".join(f"{k}={v}" for k, v in best.params.items()), markup=False)

@@ -59,7 +59,7 @@ from autotune._text import one_line
 from autotune.errors import UsageError
 from autotune.pareto import ChoiceRule, dominates
 from autotune.secrets import reference, reference_name
-from autotune.study_view import TrialView
+from autotune.study_view import Measured, TrialView, best_of, measured_configs
 
 FORMATS = ("sh", "env", "yaml", "json")
 PORT_FIELD = "{port}"
@@ -231,7 +231,7 @@ def _header(prof: Mapping[str, Any], fmt: str) -> list[str]:
         lines.append(", ".join(f"{g['metric']} = {g['value']} ({g['direction']})" for g in prof["objectives"])
                      + f", exported {prof['exported_at']}")
     else:
-        lines.append(f"{prof['metric']} = {prof['value']} ({prof['direction']}), exported {prof['exported_at']}")
+        lines.append(f"{prof['metric']} = {_num(prof['value'])} ({prof['direction']}), exported {prof['exported_at']}")
     if prof.get("choice"):
         lines.append(f"chosen: {prof['choice']['text']}")
     if measured.get("text"):
@@ -260,21 +260,23 @@ def _header(prof: Mapping[str, Any], fmt: str) -> list[str]:
 
 # -- measurements ----------------------------------------------------------------------------
 def measurement(values: Sequence[float], trials: Sequence[int] = (), *, at: str | None = None,
-                note: str = "") -> dict[str, Any]:
-    """Mean, count and 95% t-interval of repeated measurements of one configuration."""
+                note: str = "", interval: tuple[float, float] | None = None) -> dict[str, Any]:
+    """Mean, count and 95% t-interval of repeated measurements of one configuration
+    (``interval``: one worked out elsewhere, e.g. from pooled noise, instead of the t-interval)."""
     n = len(values)
-    mean, sd, interval = mean_interval(values) if n else (None, None, None)
+    mean, sd, own = mean_interval(values) if n else (None, None, None)
+    interval = interval or own
     out: dict[str, Any] = {"mean": mean, "count": n, "interval95": None if interval is None else list(interval),
                            "sd": sd, "values": list(values), "trials": list(trials), "last_at": at}
     which = f" (trial{'s' if len(trials) != 1 else ''} {', '.join(map(str, trials))})" if trials else ""
     when = f", last {at}" if at else ""
     if mean is None:
         text = "no measurement"
-    elif n == 1:
+    elif out["interval95"] is None:
         text = f"{_num(mean)}, 1 measurement, no interval{which}{when}"
     else:
         lo, hi = out["interval95"]
-        text = f"mean {_num(mean)}, 95% interval [{_num(lo)}, {_num(hi)}], {n} measurements{which}{when}"
+        text = f"mean {_num(mean)}, 95% interval [{_num(lo)}, {_num(hi)}], {n} measurement{'s' if n != 1 else ''}{which}{when}"
     out["text"] = text + (f"; {note}" if note else "")
     if note:
         out["note"] = note
@@ -283,14 +285,27 @@ def measurement(values: Sequence[float], trials: Sequence[int] = (), *, at: str 
 
 def pooled(views: Iterable[TrialView], params: Mapping[str, Any], dates: Mapping[int, str] | None = None,
            note: str = "") -> dict[str, Any] | None:
-    """The measurement of every feasible trial whose applied parameters are ``params`` (a study
-    that measured a configuration again pools them); None when no trial measured it."""
-    rows = [v for v in views if v.value is not None and v.params == dict(params)]
-    if not rows:
+    """The measurement of the configuration ``params`` as ``study best`` figures it
+    (:class:`~autotune.study_view.Measured`: a configuration measured again is the mean of the
+    runs after its first, which is named in ``excluded`` with its value and left out); None when
+    no trial measured it."""
+    rows = sorted(views, key=lambda v: v.number)
+    m = next((c for c in measured_configs(rows) if c.params == dict(params)), None)
+    if m is None:
         return None
-    rows.sort(key=lambda v: v.number)
-    at = max((dates or {}).get(v.number, "") for v in rows) or None
-    return measurement([float(v.value) for v in rows], [v.number for v in rows], at=at, note=note)  # type: ignore[arg-type]
+    at = max((dates or {}).get(n, "") for n in m.trials) or None
+    if m.first_excluded:
+        first = (f"the first run (trial {m.trials[0]}: {_num(m.values[0])}) is not averaged in: it made the "
+                 "configuration a candidate, and the top of many single runs reads high")
+        note = f"{first}; {note}" if note else first
+    out = measurement(m.backing, m.backing_trials, at=at, note=note, interval=m.interval95)
+    doc = m.to_json()
+    out["excluded"] = {"trial": m.trials[0], "value": m.values[0]} if m.first_excluded else None
+    out["noise"] = doc["noise"]
+    if doc["noise"] is not None:
+        out["text"] += (f"; interval from the run-to-run noise pooled over {doc['noise']['configs']} "
+                        f"configurations measured again ({doc['noise']['relative_sd']:.1%})")
+    return out
 
 
 # -- memory back-off ---------------------------------------------------------------------------
@@ -662,9 +677,9 @@ def chosen_trial(study: Any, views: Sequence[TrialView], *, rule: ChoiceRule | N
     if rule is not None and not multi:
         raise UsageError(f"--choose picks from a multi-objective study's Pareto front; study '{name}' has one "
                          "objective (--trial N exports another trial)")
-    if not multi:
-        maximize = study.direction.name == "MAXIMIZE"
-        best = (max if maximize else min)(feasible, key=lambda v: v.value)  # type: ignore[arg-type, return-value]
+    if not multi:  # as `study best` chooses: the best configuration by its figure, not the luckiest run
+        best = best_of(feasible, study.direction.name == "MAXIMIZE")
+        assert best is not None
     chosen = pick(study, list(views), rule) if multi else None
     if number is None:
         if chosen is None:
@@ -676,7 +691,7 @@ def chosen_trial(study: Any, views: Sequence[TrialView], *, rule: ChoiceRule | N
         raise UsageError(f"--trial {number}: study '{name}' has no measured trial {number} (measured: {shown}"
                          f"{', ...' if len(feasible) > 20 else ''})")
     if chosen is None:
-        why = "the best" if given.number == best.number else f"the best is trial {best.number}"
+        why = "the best" if given.params == best.params else f"the best is trial {best.number}"
         return given, {"rule": "trial", "text": f"trial {number}, given with --trial ({why})", "trial": number,
                        "front": []}
     goals = objectives(study)

@@ -173,17 +173,19 @@ def shorten(text: str, limit: int) -> str:
 
 
 def top_table(views: list[TrialView], metric: str, maximize: bool = True, top: int = TOP_TRIALS) -> Table:
-    """The baseline and the ``top`` best configurations, each by the mean of its measurements
-    (as ``study best`` ranks them: a configuration measured again shows every trial that
-    measured it), with what it changed from the baseline: a table for an 80-column terminal
-    (``study show`` has every trial)."""
+    """The baseline and the ``top`` best configurations, each by its figure (as ``study best``
+    ranks them: a configuration measured again is the mean of its runs after the first, and shows
+    every trial that measured it), with what it changed from the baseline: a table for an
+    80-column terminal (``study show`` has every trial)."""
     configs = sorted(measured_configs(views), key=lambda m: m.mean, reverse=maximize)
     base = next((v for v in views if v.baseline), None)
     rows = configs[:top]
     if base is not None and base.value is not None and not any(base.number in m.trials for m in rows):
         rows += [m for m in configs if base.number in m.trials]
     base_value = next((m.mean for m in configs if base is not None and base.number in m.trials), None)
-    table = Table(title=Text(f"best configurations ({metric}, mean of its measurements)"), expand=False)
+    again = any(m.first_excluded for m in rows)
+    table = Table(title=Text(f"best configurations ({metric})"), expand=False,
+                  caption=Text("measured again: the mean of the runs after the first") if again else None)
     table.add_column("#", no_wrap=True)
     table.add_column("value", justify="right", no_wrap=True)
     table.add_column("vs base", justify="right", no_wrap=True)

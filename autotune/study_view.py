@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune._stats import mean_interval
+from autotune._stats import mean_interval, t95
 from autotune.errors import StudyNotFoundError
 from autotune.pareto import Choice, ChoiceRule, Goal, choose
 from autotune.secrets import secret_args_from_attr
@@ -80,29 +81,129 @@ class TrialView:
 @dataclass(frozen=True)
 class Measured:
     """Every feasible measurement of one configuration: the trials whose applied parameters are
-    equal (a study measures a configuration again to confirm it, see :mod:`autotune.confirmation`)."""
+    equal (a study measures a configuration again to confirm it, see :mod:`autotune.confirmation`).
+
+    The configuration's figure (:attr:`mean`, :attr:`interval95`) is the mean of the measurements
+    after its first when it has any (:attr:`backing`), else its one measurement. The first run is
+    the one that made the configuration a candidate: among many configurations, the one ranked
+    top on a single noisy run is also the one whose run read high (the winner's curse), so its
+    first run is kept (:attr:`values`) but not averaged in. The runs after it were taken because
+    the configuration was a candidate, whatever they read: their mean is not biased that way.
+
+    Its interval uses the study's pooled run-to-run noise (:attr:`noise`, :func:`pooled_noise`)
+    where that has more degrees of freedom than its own runs: two runs alone give a t-interval
+    with one degree of freedom, twelve times their spread wide.
+    """
 
     params: dict[str, Any]
     values: tuple[float, ...]
     trials: tuple[int, ...]
+    noise: Noise | None = field(default=None, compare=False)
+    """The study's run-to-run noise (:func:`measured_configs` sets it), None when unknown."""
 
     @property
     def count(self) -> int:
+        """Every measurement, the first included."""
         return len(self.values)
 
     @property
+    def backing(self) -> tuple[float, ...]:
+        """The measurements the figure is the mean of: those after the first, or the only one."""
+        return self.values[1:] if len(self.values) > 1 else self.values
+
+    @property
+    def backing_trials(self) -> tuple[int, ...]:
+        """The trials of :attr:`backing`."""
+        return self.trials[1:] if len(self.trials) > 1 else self.trials
+
+    @property
+    def first_excluded(self) -> bool:
+        """Whether the first measurement is left out of the figure (measured again)."""
+        return len(self.values) > 1
+
+    @property
     def mean(self) -> float:
-        return mean_interval(self.values)[0]
+        """The configuration's figure: the mean of :attr:`backing`."""
+        return mean_interval(self.backing)[0]
 
     @property
     def interval95(self) -> tuple[float, float] | None:
-        """The 95% t-interval of the mean; None with one measurement."""
-        return mean_interval(self.values)[2]
+        """The 95% t-interval of :attr:`mean`: from the pooled :attr:`noise` when the
+        configuration was measured again and the pool has more degrees of freedom than its own
+        runs, else from its own runs; None for one measurement with nothing pooled."""
+        n = len(self.backing)
+        if self.first_excluded and self.noise is not None and self.noise.df > n - 1:
+            mean = self.mean
+            half = t95(self.noise.df) * self.noise.sd * abs(mean) / math.sqrt(n)
+            return mean - half, mean + half
+        return mean_interval(self.backing)[2]
 
     def to_json(self) -> dict[str, Any]:
+        """``count``/``mean``/``interval95``: the figure and how many measurements back it;
+        ``values``/``trials``: every measurement; ``excluded``: the first run's trial, left out
+        of the figure (None when the configuration was measured once); ``noise``: the pooled
+        noise the interval used (None when it used the runs' own spread, or has none)."""
         interval = self.interval95
-        return {"count": self.count, "mean": self.mean, "interval95": None if interval is None else list(interval),
-                "values": list(self.values), "trials": list(self.trials)}
+        pooled = self.first_excluded and self.noise is not None and self.noise.df > len(self.backing) - 1
+        return {"count": len(self.backing), "mean": self.mean, "interval95": None if interval is None else list(interval),
+                "values": list(self.values), "trials": list(self.trials),
+                "excluded": self.trials[0] if self.first_excluded else None,
+                "noise": self.noise.to_json() if pooled and self.noise is not None else None}
+
+
+@dataclass(frozen=True)
+class Noise:
+    """Run-to-run noise pooled over a study's configurations: the relative standard deviation of
+    a measurement around its configuration's mean, with its degrees of freedom."""
+
+    sd: float
+    """Relative: 0.02 is 2% of the configuration's mean."""
+    df: int
+    configs: int
+    """How many configurations' repeats it pools."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"relative_sd": self.sd, "df": self.df, "configs": self.configs}
+
+
+def pooled_noise(configs: Sequence[Measured]) -> Noise | None:
+    """The relative run-to-run noise pooled over every configuration measured at least twice
+    after its first run: the squared relative deviations of those runs from their own mean,
+    summed, over their degrees of freedom (the runs of a configuration count ``n - 1``). First
+    runs do not count: they are the selected ones. None when no configuration has two such runs.
+
+    It assumes a configuration's noise is a share of its throughput, alike across the
+    configurations a study measures again (the best few, close to one another).
+    """
+    squares, df, n_configs = 0.0, 0, 0
+    for m in configs:
+        runs = m.values[1:]
+        if len(runs) < 2:
+            continue
+        mean = sum(runs) / len(runs)
+        if mean == 0:
+            continue
+        squares += sum((v / mean - 1) ** 2 for v in runs)
+        df += len(runs) - 1
+        n_configs += 1
+    return Noise(math.sqrt(squares / df), df, n_configs) if df else None
+
+
+def backing_text(m: Measured) -> str:
+    """What backs a configuration's figure, in words: ``mean of 2 measurements after the first
+    (trials 40, 45), 95% interval [a, b] (run-to-run noise 2.1%, pooled over 3 configurations
+    measured again)``."""
+    n = len(m.backing)
+    after = " after the first" if m.first_excluded else ""
+    what = f"mean of {n} measurements{after}" if n > 1 else f"1 measurement{after}"
+    which = f"trial{'s' if n != 1 else ''} {', '.join(map(str, m.backing_trials))}"
+    if m.interval95 is None:
+        return f"{what} ({which}), no interval"
+    lo, hi = m.interval95
+    noise = m.to_json()["noise"]
+    pool = "" if noise is None else (f" (run-to-run noise {noise['relative_sd']:.1%}, pooled over "
+                                     f"{noise['configs']} configuration{'s' if noise['configs'] != 1 else ''} measured again)")
+    return f"{what} ({which}), 95% interval [{lo:.4g}, {hi:.4g}]{pool}"
 
 
 def config_key(params: dict[str, Any]) -> str:
@@ -112,13 +213,16 @@ def config_key(params: dict[str, Any]) -> str:
 
 def measured_configs(views: Sequence[TrialView]) -> list[Measured]:
     """The measured configurations of ``views`` (feasible trials grouped by applied parameters),
-    in the order of their first measurement."""
+    in the order of their first measurement, each with the noise pooled over them all
+    (:func:`pooled_noise`)."""
     groups: dict[str, list[TrialView]] = {}
     for v in views:
         if v.value is not None:
             groups.setdefault(config_key(v.params), []).append(v)
-    return [Measured(dict(rows[0].params), tuple(float(r.value) for r in rows),  # type: ignore[arg-type]
-                     tuple(r.number for r in rows)) for rows in groups.values()]
+    configs = [Measured(dict(rows[0].params), tuple(float(r.value) for r in rows),  # type: ignore[arg-type]
+                        tuple(r.number for r in rows)) for rows in groups.values()]
+    noise = pooled_noise(configs)
+    return configs if noise is None else [dataclasses.replace(m, noise=noise) for m in configs]
 
 
 def load_study(name: str, storage: str) -> optuna.Study:
@@ -217,13 +321,14 @@ def pick(study: optuna.Study, views: list[TrialView] | None = None, rule: Choice
 
 
 def best_view(study: optuna.Study) -> TrialView | None:
-    """The best configuration by the mean of its measurements, or None when nothing is feasible;
-    in a multi-objective study the trial :func:`pick` picks from the Pareto front.
+    """The best configuration by its figure (:attr:`Measured.mean`), or None when nothing is
+    feasible; in a multi-objective study the trial :func:`pick` picks from the Pareto front.
 
-    Returned as the view of its first measured trial, with ``value`` the mean of every feasible
-    measurement of the configuration (trials with the same applied parameters) and ``measured``
-    those measurements: a configuration measured again is judged on its mean, not its luckiest
-    run. Ties go to the configuration measured first.
+    Returned as the view of its first measured trial, with ``value`` the figure of the
+    configuration (trials with the same applied parameters: the mean of the runs after its first
+    when it was measured again) and ``measured`` its measurements: a configuration measured again
+    is judged on the runs that confirmed it, not on the lucky run that made it a candidate. Ties
+    go to the configuration measured first.
     """
     if is_multi_objective(study):
         views = trial_views(study)

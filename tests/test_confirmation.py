@@ -5,6 +5,7 @@ repeats draw fresh noise as a real server's would."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,8 @@ from autotune.bench_tuner import Setup
 from autotune.confirmation import next_run, reserve
 from autotune.driver import Driver
 from autotune.model_executor import ModelExecutor
-from autotune.study_view import Measured, best_json, best_view, measured_configs, trial_views
+from autotune._stats import t95
+from autotune.study_view import Measured, TrialView, best_json, best_view, measured_configs, trial_views
 
 
 def _m(x: float, *values: float) -> Measured:
@@ -41,7 +43,9 @@ def test_confirmation_waits_for_the_end_then_measures_the_best_short_candidate()
     assert next_run(configs, left=1, **{**kw, "maximize": False}) == configs[3]  # minimize: the lowest
 
 
-def test_the_best_is_chosen_on_the_mean_of_its_measurements() -> None:
+def test_the_best_is_chosen_on_the_runs_that_confirmed_it() -> None:
+    """A configuration measured again is figured by the mean of its runs after the first: the
+    first is the run that made it a candidate, and the top of many single runs reads high."""
     study = optuna.create_study(direction="maximize")
     dist = {"x": FloatDistribution(0, 1)}
 
@@ -53,15 +57,31 @@ def test_the_best_is_chosen_on_the_mean_of_its_measurements() -> None:
     add(0.2, 990.0)
     best = best_view(study)
     assert best is not None and best.number == 0 and best.measured is not None and best.measured.count == 1
+    assert best.value == 1000.0 and not best.measured.first_excluded and best_json(best)["measurements"]["excluded"] is None
     add(0.1, 960.0)  # measured again: the first was lucky
     add(0.2, 994.0)
+    add(0.2, 986.0)
     best = best_view(study)
-    assert best is not None and best.number == 1 and best.value == pytest.approx(992.0)
+    # 0.2: (994 + 986) / 2 = 990 beats 0.1's 960; the mean of all three (990) would give the same
+    # number here, but 0.1's mean of all would be 980, not 960
+    assert best is not None and best.number == 1 and best.value == pytest.approx(990.0)
     doc = best_json(best)
-    assert doc["measurements"]["count"] == 2 and doc["measurements"]["trials"] == [1, 3]
-    lo, hi = doc["measurements"]["interval95"]
-    assert lo < 992.0 < hi
-    assert [m.count for m in measured_configs(trial_views(study))] == [2, 2]
+    m = doc["measurements"]
+    assert m["count"] == 2 and m["trials"] == [1, 3, 4] and m["values"] == [990.0, 994.0, 986.0] and m["excluded"] == 1
+    lo, hi = m["interval95"]
+    assert lo < 990.0 < hi
+    assert [m.count for m in measured_configs(trial_views(study))] == [2, 3]
+    assert [m.mean for m in measured_configs(trial_views(study))] == [960.0, 990.0]
+
+
+def test_the_first_run_is_left_out_however_it_read() -> None:
+    """Leaving the first run out is a rule, not a guess at which run was lucky: a first run that
+    read low is left out too (the figure is then higher than the mean of all)."""
+    low = Measured({"x": 1}, (900.0, 1000.0, 1010.0), (3, 8, 9))
+    assert low.mean == pytest.approx(1005.0) and low.backing == (1000.0, 1010.0) and low.backing_trials == (8, 9)
+    assert low.to_json()["count"] == 2 and low.to_json()["excluded"] == 3
+    once = Measured({"x": 1}, (900.0,), (3,))
+    assert once.mean == 900.0 and once.interval95 is None and once.to_json()["count"] == 1
 
 
 def _study(tmp_path: Path, trials: int, seed: int = 2, **confirm: int) -> optuna.Study:
@@ -87,7 +107,8 @@ def test_a_study_ends_by_measuring_its_best_configurations_again(tmp_path: Path)
     assert len(set(values)) == len(values) >= 2  # each repeat measured with fresh noise
     best = best_view(study)
     assert best is not None and best.measured is not None and best.measured.count >= 2
-    assert best.value == pytest.approx(sum(best.measured.values) / best.measured.count)
+    later = best.measured.values[1:]
+    assert best.value == pytest.approx(sum(later) / len(later))
 
 
 def test_study_best_reports_how_many_measurements_back_the_figure(tmp_path: Path) -> None:
@@ -95,11 +116,65 @@ def test_study_best_reports_how_many_measurements_back_the_figure(tmp_path: Path
     run = [sys.executable, "-m", "autotune", "study", "best", "confirm", "--storage", f"sqlite:///{tmp_path}/c.db"]
     doc = json.loads(subprocess.run([*run, "--json"], capture_output=True, text=True, check=True).stdout)
     m = doc["measurements"]
-    assert m["count"] >= 2 and len(m["trials"]) == m["count"] and doc["value"] == pytest.approx(m["mean"])
+    assert m["count"] >= 1 and len(m["trials"]) == m["count"] + 1 and doc["value"] == pytest.approx(m["mean"])
+    assert m["excluded"] == m["trials"][0] == doc["number"]
     text = subprocess.run(run, capture_output=True, text=True, check=True).stdout
-    assert f"mean of {m['count']} measurements" in text and "95% interval" in text
+    first = f"its first run (trial {m['excluded']}: "
+    if m["count"] >= 2:
+        assert f"mean of {m['count']} measurements after the first" in text and "95% interval" in text and first in text
+    else:
+        assert "1 measurement after the first" in text and first in text
 
 
 def test_confirmation_can_be_turned_off(tmp_path: Path) -> None:
     study = _study(tmp_path, 10, candidates=0)
     assert not [t for t in study.get_trials() if "confirms" in t.user_attrs]
+
+
+def test_the_interval_pools_the_noise_of_every_configuration_measured_again() -> None:
+    """Two runs after the first give a t-interval with one degree of freedom (12.7 times their
+    spread); the study's other confirmed configurations tell the noise too: their relative
+    deviations are pooled, and the interval uses the pool's degrees of freedom."""
+    views = []
+    rows = [({"x": 1}, 1000.0), ({"x": 2}, 990.0), ({"x": 1}, 960.0), ({"x": 1}, 980.0), ({"x": 2}, 1010.0),
+            ({"x": 2}, 970.0), ({"x": 3}, 900.0), ({"x": 3}, 905.0)]
+    for number, (params, value) in enumerate(rows):
+        views.append(TrialView(number, "COMPLETE", "ok", params, value, {}, None, None))
+    one, two, three = measured_configs(views)
+    assert one.noise is not None and one.noise == two.noise == three.noise
+    # x=1: 960, 980 around 970; x=2: 1010, 970 around 990; x=3 has one run after its first: no df
+    squares = (10 / 970) ** 2 * 2 + (20 / 990) ** 2 * 2
+    assert (one.noise.df, one.noise.configs) == (2, 2) and one.noise.sd == pytest.approx(math.sqrt(squares / 2))
+    lo, hi = two.interval95  # type: ignore[misc]
+    assert (hi - lo) / 2 == pytest.approx(t95(2) * one.noise.sd * 990 / math.sqrt(2))
+    assert (hi - lo) / 2 < t95(1) * 20  # narrower than its own runs' t-interval (sd 28.3 over sqrt 2)
+    # one run after the first: an interval from the pool, not none
+    lo3, hi3 = three.interval95  # type: ignore[misc]
+    assert lo3 < 905.0 < hi3 and three.to_json()["noise"] == {"relative_sd": one.noise.sd, "df": 2, "configs": 2}
+    # one configuration measured again: the pool is its own runs, and its t-interval is as before
+    alone = measured_configs(views[:4])
+    assert alone[0].noise is not None and alone[0].noise.df == 1 and alone[0].to_json()["noise"] is None
+    assert alone[0].interval95 == pytest.approx((970 - t95(1) * 10, 970 + t95(1) * 10))
+
+
+def test_export_and_study_best_choose_the_same_configuration(tmp_path: Path) -> None:
+    """The profile is the configuration `study best` reports, not the trial with the luckiest run:
+    a configuration whose first run read 700 and whose two confirmation runs read 640 and 650
+    loses to one measured once at 680."""
+    storage = f"sqlite:///{tmp_path}/b.db"
+    study = optuna.create_study(study_name="b", storage=storage, direction="maximize")
+    study.set_user_attr("objective", {"metric": "output_throughput", "direction": "maximize"})
+    study.set_user_attr("config", {"name": "b", "target": {"engine": "sim"}})
+    dist = {"x": FloatDistribution(0, 1)}
+    for x, value in ((0.1, 700.0), (0.2, 680.0), (0.1, 640.0), (0.1, 650.0)):
+        tmpl = [sys.executable, "-m", "autotune.sim", "serve", "--port", "{port}", "--x", str(x)]
+        study.add_trial(create_trial(params={"x": x}, distributions=dist, value=value, user_attrs={
+            "outcome": "ok", "feasible": True, "applied": {"x": x}, "argv_template": tmpl, "host": "local",
+            "metrics": {"output_throughput": value}}))
+    run = [sys.executable, "-m", "autotune"]
+    best = json.loads(subprocess.run([*run, "study", "best", "b", "--storage", storage, "--json"],
+                                     capture_output=True, text=True, check=True).stdout)
+    assert best["number"] == 1 and best["value"] == 680.0
+    prof = json.loads(subprocess.run([*run, "export", "b", "--storage", storage, "--format", "json"],
+                                     capture_output=True, text=True, check=True).stdout)
+    assert prof["trial"] == 1 and prof["value"] == 680.0 and prof["params"] == {"x": 0.2}

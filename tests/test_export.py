@@ -533,17 +533,19 @@ def export_json(tmp: Path, storage: str, *extra: str) -> dict[str, Any]:
 def test_a_memory_parameter_next_to_an_oom_is_backed_off_by_the_margin(tmp_path: Path) -> None:
     facts = {"local": {"gpu": "8x NVIDIA H200", "driver": "570.124.06", "nccl": "2.21.5", "sources": ["nvidia-smi"]}}
     storage = memory_study(tmp_path, [(0.92, 100.0, None, None), (0.93, None, "oom", None), (0.92, 110.0, None, None),
-                                      (0.85, 90.0, None, None)], host_facts=facts)
+                                      (0.85, 90.0, None, None), (0.92, 106.0, None, None)], host_facts=facts)
     prof = export_json(tmp_path, storage)
     (note,) = prof["memory"]
     assert (note["measured"], note["exported"], note["margin"]) == (0.92, 0.91, 0.02)
     assert note["boundary"] == {"value": 0.93, "trial": 1, "kind": "oom"}
     assert prof["params"]["mem_fraction_static"] == 0.91 and prof["measured_params"]["mem_fraction_static"] == 0.92
     assert prof["command"][-2:] == ["--mem-fraction-static", "0.91"]
-    # the measurement: both trials of the best configuration, pooled, said to be of the values before
+    # the measurement: the best configuration's runs after its first (trial 0's 100 made it a candidate),
+    # said to be of the values before the back-off
     m = prof["measured"]
-    assert m["count"] == 2 and m["mean"] == pytest.approx(105.0) and m["trials"] == [0, 2]
-    assert m["interval95"][0] < 105 < m["interval95"][1] and "before the memory back-off" in m["text"]
+    assert m["count"] == 2 and m["mean"] == pytest.approx(108.0) and m["trials"] == [2, 4]
+    assert m["excluded"] == {"trial": 0, "value": 100.0} and "the first run (trial 0: 100) is not averaged in" in m["text"]
+    assert m["interval95"][0] < 108 < m["interval95"][1] and "before the memory back-off" in m["text"]
     assert (prof["provenance"]["gpu"], prof["provenance"]["driver"], prof["provenance"]["nccl"]) == \
         ("8x NVIDIA H200", "570.124.06", "2.21.5")
     sh = cli("export", "mem", "--format", "sh", "--storage", storage, cwd=tmp_path)
