@@ -9,12 +9,8 @@ interval (``study best``, the exported profile). A configuration that was lucky 
 measured again, and the next one becomes a candidate in its turn while the reserve lasts.
 
 The runs come out of the trial budget, at most :data:`SHARE` of it (none below
-:data:`MIN_BUDGET` trials, and none for a budget in hours only): once the trials left are no
-more than the reserve left, each trial measures again the best candidate still short of
-measurements, and the search goes on while none is short (:func:`next_run`). So a candidate that
-drops is replaced, and its replacement measured again too, while the reserve lasts: a
-configuration measured once is not left beside confirmed ones with the lucky run that made it
-look best (:class:`~autotune.study_view.Measured` figures a confirmed one without its first run).
+:data:`MIN_BUDGET` trials, and none for a budget in hours only): the driver starts them when the
+trials left are no more than the runs still needed (:func:`next_run`).
 """
 
 from __future__ import annotations
@@ -61,13 +57,16 @@ def next_run(configs: Sequence[Measured], *, left: int, spent: int, reserve_runs
 
     ``left``: trials the budget has left, this one included; ``spent``: confirmation runs made
     so far; ``reserve_runs``: :func:`reserve` of the budget. Confirmation starts once ``left``
-    is no more than what the reserve has left, and goes to the best candidate short of
-    measurements; None while no candidate is short (the search goes on).
+    is no more than the runs still needed (within what the reserve has left) and goes to the
+    best candidate short of measurements.
     """
-    if candidates < 1 or reserve_runs - spent < 1 or left > reserve_runs - spent:
+    if candidates < 1 or reserve_runs - spent < 1:
         return None
     short = shortfall(configs, candidates=candidates, measurements=measurements, maximize=maximize, pending=pending)
-    return short[0][0] if short else None
+    needed = min(sum(n for _, n in short), reserve_runs - spent)
+    if not short or left > needed:
+        return None
+    return short[0][0]
 
 
 __all__ = ["MIN_BUDGET", "SHARE", "next_run", "reserve", "shortfall"]

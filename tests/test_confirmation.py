@@ -31,20 +31,16 @@ def test_reserve_is_a_fifth_of_a_budget_of_ten_or_more() -> None:
     assert [reserve(n) for n in (None, 9, 10, 40, 60)] == [0, 0, 2, 8, 12]
 
 
-def test_confirmation_waits_for_the_reserve_then_measures_the_best_short_candidate() -> None:
+def test_confirmation_waits_for_the_end_then_measures_the_best_short_candidate() -> None:
     configs = [_m(1, 100.0), _m(2, 98.0), _m(3, 97.0, 96.0, 98.0), _m(4, 50.0)]
     kw = dict(spent=0, reserve_runs=8, candidates=3, measurements=3, maximize=True)
-    assert next_run(configs, left=9, **kw) is None  # more trials left than the reserve: search on
-    assert next_run(configs, left=8, **kw) == configs[0]
+    assert next_run(configs, left=6, **kw) is None  # 2 + 2 runs needed, 6 trials left: search on
+    assert next_run(configs, left=4, **kw) == configs[0]
     # a run of the best already in flight counts: the next short one is the second
     assert next_run(configs, left=2, pending=[{"x": 1}, {"x": 1}], **kw) == configs[1]
     assert next_run(configs, left=4, **{**kw, "spent": 8}) is None  # the reserve is spent
-    assert next_run(configs, left=6, **{**kw, "spent": 3}) is None  # 5 runs left in the reserve, 6 trials
     assert next_run(configs, left=4, **{**kw, "candidates": 0}) is None
     assert next_run(configs, left=1, **{**kw, "maximize": False}) == configs[3]  # minimize: the lowest
-    # every candidate has its measurements: the search goes on inside the reserve's window
-    done = [_m(1, 100.0, 99.0, 98.0), _m(2, 98.0, 97.0, 99.0), _m(3, 97.0, 96.0, 98.0), _m(4, 50.0)]
-    assert next_run(done, left=4, **kw) is None
 
 
 def test_the_best_is_chosen_on_the_runs_that_confirmed_it() -> None:
@@ -182,35 +178,3 @@ def test_export_and_study_best_choose_the_same_configuration(tmp_path: Path) -> 
     prof = json.loads(subprocess.run([*run, "export", "b", "--storage", storage, "--format", "json"],
                                      capture_output=True, text=True, check=True).stdout)
     assert prof["trial"] == 1 and prof["value"] == 680.0 and prof["params"] == {"x": 0.2}
-
-
-def test_the_whole_reserve_confirms_and_the_best_is_measured_again(tmp_path: Path) -> None:
-    """The last fifth of the budget measures candidates again while one is short; a candidate
-    that drops is replaced, so the best reported was measured again (no lucky single run beside
-    confirmed means)."""
-    study = _study(tmp_path, 30, seed=3)  # a reserve of 6 runs, from trial 24 on
-    again = [t.number for t in study.get_trials() if "confirms" in t.user_attrs]
-    assert again and min(again) >= 24 and len(again) <= 6
-    best = best_view(study)
-    assert best is not None and best.measured is not None and best.measured.first_excluded
-
-
-def test_a_candidate_that_drops_is_replaced_and_its_replacement_measured_again() -> None:
-    """The reserve's runs, played out: A's first run was lucky (100, true 90), B and C are close.
-    Starting only when the runs still needed fill the trials left would measure A and B and leave
-    C's single run (96) on top of their confirmed figures; starting once the reserve's window
-    opens, C is measured too and the best reported is confirmed."""
-    true = {1: 90.0, 2: 92.0, 3: 95.0}
-    runs = {1: [100.0], 2: [97.0], 3: [96.0]}
-    reserve_runs, spent = 4, 0
-    for left in range(6, 0, -1):
-        configs = [Measured({"x": x}, tuple(v), tuple(range(len(v)))) for x, v in runs.items()]
-        again = next_run(configs, left=left, spent=spent, reserve_runs=reserve_runs, candidates=2, measurements=2,
-                         maximize=True)
-        if again is not None:
-            runs[again.params["x"]].append(true[again.params["x"]])
-            spent += 1
-    configs = [Measured({"x": x}, tuple(v), tuple(range(len(v)))) for x, v in runs.items()]
-    best = max(configs, key=lambda m: m.mean)
-    assert best.params == {"x": 3} and best.first_excluded and best.mean == 95.0
-    assert spent == 3
