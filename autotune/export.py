@@ -59,7 +59,7 @@ from autotune._text import one_line
 from autotune.errors import UsageError
 from autotune.pareto import ChoiceRule, dominates
 from autotune.secrets import reference, reference_name
-from autotune.study_view import Measured, TrialView, best_of, measured_configs
+from autotune.study_view import TrialView, best_of, measured_configs
 
 FORMATS = ("sh", "env", "yaml", "json")
 PORT_FIELD = "{port}"
@@ -299,12 +299,10 @@ def pooled(views: Iterable[TrialView], params: Mapping[str, Any], dates: Mapping
                  "configuration a candidate, and the top of many single runs reads high")
         note = f"{first}; {note}" if note else first
     out = measurement(m.backing, m.backing_trials, at=at, note=note, interval=m.interval95)
-    doc = m.to_json()
     out["excluded"] = {"trial": m.trials[0], "value": m.values[0]} if m.first_excluded else None
-    out["noise"] = doc["noise"]
-    if doc["noise"] is not None:
-        out["text"] += (f"; interval from the run-to-run noise pooled over {doc['noise']['configs']} "
-                        f"configurations measured again ({doc['noise']['relative_sd']:.1%})")
+    out["noise"] = None if m.pooled is None else m.pooled.to_json()
+    if m.pooled is not None:
+        out["text"] += f"; interval from the {m.pooled}"
     return out
 
 

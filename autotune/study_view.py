@@ -92,7 +92,7 @@ class Measured:
 
     Its interval uses the study's pooled run-to-run noise (:attr:`noise`, :func:`pooled_noise`)
     where that has more degrees of freedom than its own runs: two runs alone give a t-interval
-    with one degree of freedom, twelve times their spread wide.
+    with one degree of freedom, 12.7 standard errors either side.
     """
 
     params: dict[str, Any]
@@ -127,14 +127,22 @@ class Measured:
         return mean_interval(self.backing)[0]
 
     @property
+    def pooled(self) -> Noise | None:
+        """The pooled noise :attr:`interval95` uses: :attr:`noise` when the configuration was
+        measured again and the pool has more degrees of freedom than its own runs, else None."""
+        if self.first_excluded and self.noise is not None and self.noise.df > len(self.backing) - 1:
+            return self.noise
+        return None
+
+    @property
     def interval95(self) -> tuple[float, float] | None:
         """The 95% t-interval of :attr:`mean`: from the pooled :attr:`noise` when the
         configuration was measured again and the pool has more degrees of freedom than its own
         runs, else from its own runs; None for one measurement with nothing pooled."""
-        n = len(self.backing)
-        if self.first_excluded and self.noise is not None and self.noise.df > n - 1:
+        noise = self.pooled
+        if noise is not None:
             mean = self.mean
-            half = t95(self.noise.df) * self.noise.sd * abs(mean) / math.sqrt(n)
+            half = t95(noise.df) * noise.sd * abs(mean) / math.sqrt(len(self.backing))
             return mean - half, mean + half
         return mean_interval(self.backing)[2]
 
@@ -143,12 +151,11 @@ class Measured:
         ``values``/``trials``: every measurement; ``excluded``: the first run's trial, left out
         of the figure (None when the configuration was measured once); ``noise``: the pooled
         noise the interval used (None when it used the runs' own spread, or has none)."""
-        interval = self.interval95
-        pooled = self.first_excluded and self.noise is not None and self.noise.df > len(self.backing) - 1
+        interval, noise = self.interval95, self.pooled
         return {"count": len(self.backing), "mean": self.mean, "interval95": None if interval is None else list(interval),
                 "values": list(self.values), "trials": list(self.trials),
                 "excluded": self.trials[0] if self.first_excluded else None,
-                "noise": self.noise.to_json() if pooled and self.noise is not None else None}
+                "noise": None if noise is None else noise.to_json()}
 
 
 @dataclass(frozen=True)
@@ -164,6 +171,10 @@ class Noise:
 
     def to_json(self) -> dict[str, Any]:
         return {"relative_sd": self.sd, "df": self.df, "configs": self.configs}
+
+    def __str__(self) -> str:
+        return (f"run-to-run noise {self.sd:.1%}, pooled over {self.configs} configuration"
+                f"{'s' if self.configs != 1 else ''} measured again")
 
 
 def pooled_noise(configs: Sequence[Measured]) -> Noise | None:
@@ -200,9 +211,7 @@ def backing_text(m: Measured) -> str:
     if m.interval95 is None:
         return f"{what} ({which}), no interval"
     lo, hi = m.interval95
-    noise = m.to_json()["noise"]
-    pool = "" if noise is None else (f" (run-to-run noise {noise['relative_sd']:.1%}, pooled over "
-                                     f"{noise['configs']} configuration{'s' if noise['configs'] != 1 else ''} measured again)")
+    pool = "" if m.pooled is None else f" ({m.pooled})"
     return f"{what} ({which}), 95% interval [{lo:.4g}, {hi:.4g}]{pool}"
 
 
