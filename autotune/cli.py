@@ -339,8 +339,8 @@ def _print_best(study: Any, metric: str) -> None:
     m = best.measured
     if m is not None and m.first_excluded:
         _out.print("  " + backing_text(m), markup=False)
-        _out.print(f"  its first run (trial {m.trials[0]}: {m.values[0]:.4g}) is not averaged in: that run made it a "
-                   "candidate, and the top of many single runs reads high", markup=False)
+        _out.print(f"  its first run (trial {m.trials[0]}: {m.values[0]:.4g}) is left out: the run that made it "
+                   "a candidate reads high", markup=False)
     elif m is not None:
         _out.print("  1 measurement, no interval (the study did not measure it again)", markup=False)
     _out.print("  " + " ".join(f"{k}={v}" for k, v in best.params.items()), markup=False)
