@@ -27,6 +27,9 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.crash_rules import MIN_SUPPORT, failure_rules, finished, rule_settings
+
+MONOTONE_ATTR = "space_monotone"
+"""The study user attr with the search space's ``monotone:`` declarations (the driver writes it)."""
 from autotune.importance import importance, importance_of
 from autotune.study_view import TrialView, objectives, view
 
@@ -38,17 +41,27 @@ def analysed_views(study: optuna.Study) -> list[TrialView]:
             if not t.user_attrs.get("ablation") and t.state != TrialState.WAITING]
 
 
+def space_monotone(study: optuna.Study) -> dict[str, dict[str, str]]:
+    """The search space's ``monotone:`` declarations as the driver stored them with the study
+    (:data:`MONOTONE_ATTR`; empty for a study made before they were stored): each crash rule's
+    scope is judged by them (:func:`autotune.crash_rules.rule_scope`)."""
+    stored = study.user_attrs.get(MONOTONE_ATTR)
+    if not isinstance(stored, dict):
+        return {}
+    return {str(n): {str(k): str(d) for k, d in kinds.items()} for n, kinds in stored.items() if isinstance(kinds, dict)}
+
+
 def crash_rules(study: optuna.Study) -> list[str]:
     """The study's crash rules as ``study explain`` prints them (``NCCL_ALGO=Tree -> nccl-error
     (4 of 4)``), in its order; the rules alone, without the importances' bootstrap, so cheap enough
     for the end of every study."""
-    return [str(r) for r in failure_rules(analysed_views(study)).rules]
+    return [str(r) for r in failure_rules(analysed_views(study), space_monotone(study)).rules]
 
 
 def explain(study: optuna.Study) -> dict[str, Any]:
     """Outcome counts, failure kinds, crash rules and importances, as one JSON-able document."""
     views = analysed_views(study)
-    report = failure_rules(views)
+    report = failure_rules(views, space_monotone(study))
     kinds = Counter(v.failure_kind for v in views if v.failure_kind)
     imp = importance(views)
     goals = objectives(study)
@@ -73,4 +86,5 @@ def explain(study: optuna.Study) -> dict[str, Any]:
     }
 
 
-__all__ = ["MIN_SUPPORT", "analysed_views", "crash_rules", "explain", "failure_rules", "importance", "importance_of"]
+__all__ = ["MIN_SUPPORT", "MONOTONE_ATTR", "analysed_views", "crash_rules", "explain", "failure_rules", "importance",
+           "importance_of", "space_monotone"]

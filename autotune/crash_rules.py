@@ -70,13 +70,18 @@ What a rule does not say: it holds over the configurations the study tried. A th
 the failure nearest the successes (the tightest rule), but where the true boundary also depends
 on a parameter the failures did not vary (NCCL buffers per channel depend on ``NCCL_PROTO``), the
 rule claims more than the data can show; docs/BENCHMARKS.md measures how often, against the
-simulator's model.
+simulator's model. Where the search space declares a parameter monotone for the rule's kind
+(``monotone: {nccl-error: up}`` on ``NCCL_MIN_NCHANNELS``: more channels fail the same way) and
+the trials the rule covers all lay on the failing side of what the study tried elsewhere, the
+rule says so (its ``scope``: ``NCCL_BUFFSIZE >= 8388608 -> nccl-error (6 of 6; tried only with
+NCCL_MIN_NCHANNELS >= 8)``): fewer channels were never tried with those buffers, and by the
+declaration they may be what made the buffers fit or fail.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,13 +169,17 @@ class FailureRule:
     other_failures: int = 0
     p_value: float = 1.0
     confounded_with: list[Condition] = field(default_factory=list)
+    scope: list[Condition] = field(default_factory=list)
+    """Where the rule was tried, on parameters monotone for its kind: every covered trial held
+    these conditions, and other trials of the study did not (see the module docstring)."""
 
     @property
     def condition(self) -> str:
         return " & ".join(str(c) for c in self.conditions)
 
     def __str__(self) -> str:
-        return f"{self.condition} -> {self.kind} ({self.failed} of {self.covered})"
+        scope = f"; tried only with {', '.join(str(c) for c in self.scope)}" if self.scope else ""
+        return f"{self.condition} -> {self.kind} ({self.failed} of {self.covered}{scope})"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -184,6 +193,8 @@ class FailureRule:
             "p_value": float(f"{self.p_value:.3g}"),
             "confounded_with": [str(c) for c in self.confounded_with],
             "confounded_conditions": [c.to_json() for c in self.confounded_with],
+            "scope": [str(c) for c in self.scope],
+            "scope_conditions": [c.to_json() for c in self.scope],
         }
 
 
@@ -511,8 +522,10 @@ class _Cover:
         return chosen
 
 
-def failure_rules(views: Sequence[TrialView]) -> RuleReport:
-    """The crash rules of the finished trials ``views`` (see the module docstring)."""
+def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str, str]] | None = None) -> RuleReport:
+    """The crash rules of the finished trials ``views`` (see the module docstring); ``monotone``:
+    the search space's declarations (parameter -> {failure kind: "up" | "down"}), for each rule's
+    :attr:`~FailureRule.scope` (none without them)."""
     rows = finished(views)
     n = len(rows)
     crashed = np.array([_crashed(v) for v in rows], dtype=bool)
@@ -565,6 +578,7 @@ def failure_rules(views: Sequence[TrialView]) -> RuleReport:
                 other_failures=int((mask & crashed & ~kind_fail).sum()),
                 p_value=hypergeom_tail(int(informative.sum()), int(kind_fail.sum()), int((mask & informative).sum()), failed),
                 confounded_with=[conds[i] for i in rival],
+                scope=rule_scope(rows, mask, kind, idx_params={conds[i].param for i in idx}, monotone=monotone or {}),
             ))
         if left.any():
             unexplained[kind] = [rows[i].number for i in np.flatnonzero(left)]
@@ -572,5 +586,28 @@ def failure_rules(views: Sequence[TrialView]) -> RuleReport:
     return RuleReport(rules=rules, unexplained=unexplained, finished=n)
 
 
+def rule_scope(rows: Sequence[TrialView], covered: np.ndarray, kind: str, *, idx_params: set[str],
+               monotone: Mapping[str, Mapping[str, str]]) -> list[Condition]:
+    """The scope of a rule of ``kind`` covering ``covered`` of ``rows``: for each parameter the
+    space declares monotone for ``kind`` (not one of the rule's own, ``idx_params``), ``P >= lo``
+    when it is "up", every covered trial had ``P >= lo`` and some trial of the study had less
+    (``P <= hi`` for "down"): the side the failures lie on, short of what was tried."""
+    out: list[Condition] = []
+    for name in sorted(monotone):
+        direction = (monotone.get(name) or {}).get(kind)
+        if direction not in ("up", "down") or name in idx_params:
+            continue
+        tried = [v.params.get(name) for v in rows]
+        mine = [x for x, c in zip(tried, covered) if c and is_number(x)]
+        others = [x for x in tried if is_number(x)]
+        if not mine:
+            continue
+        if direction == "up" and min(others) < min(mine):
+            out.append(Condition(name, ">=", min(mine)))
+        elif direction == "down" and max(others) > max(mine):
+            out.append(Condition(name, "<=", max(mine)))
+    return out
+
+
 __all__ = ["Condition", "FailureRule", "MIN_SUPPORT", "RuleReport", "candidate_conditions", "failure_rules",
-           "finished", "hypergeom_tail", "is_number", "rule_settings", "show_value", "stage"]
+           "finished", "hypergeom_tail", "is_number", "rule_scope", "rule_settings", "show_value", "stage"]

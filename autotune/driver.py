@@ -53,6 +53,7 @@ from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.trial import TrialState
 
 from autotune import confirmation
+from autotune.analysis import MONOTONE_ATTR
 from autotune.config import StudyConfig
 from autotune.early_stop import applies as early_stop_applies, value_to_beat
 from autotune.errors import UsageError
@@ -282,6 +283,7 @@ class Driver:
             study.set_user_attr("objective", stored)
             study.set_user_attr("space", self.space.name)
             study.set_user_attr("space_distributions", self._space_signature())
+            study.set_user_attr(MONOTONE_ATTR, self.space.monotone())  # what `study explain` scopes rules by
             study.set_user_attr("created", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
         self._record_host_facts(study)
         me = self.lease.me.id

@@ -35,7 +35,9 @@ Then ``autotune.analysis.explain`` runs on each study and is scored:
   hold; a pair where the control fails with the same kind is not testable (that failure is not
   the rule's doing). The rule is imprecise when under 80 % of the testable interventions give
   its failure kind, false under 50 %. A rule named with conditions the data cannot tell from it
-  (``confounded_with``: "one of these") is scored by the best of them;
+  (``confounded_with``: "one of these") is scored by the best of them; a rule with a ``scope``
+  ("tried only with NCCL_MIN_NCHANNELS >= 8") is checked in the explored configurations within
+  it;
 - **num_continuous_decode_steps** (read by no SGLang code; the model ignores it): the verdict on
   its importance for the objective, at 30 trials and in longer studies (``--long-trials``);
 - **no-effect claims**: every "no measurable effect" on the objective is checked by the model
@@ -65,7 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optuna
 from optuna.trial import TrialState
 
-from autotune.analysis import MIN_SUPPORT, explain
+from autotune.analysis import MIN_SUPPORT, MONOTONE_ATTR, explain
 from autotune.crash_rules import Condition
 from autotune.demo import DEMO_CONFIG
 from autotune.driver import make_sampler
@@ -201,6 +203,7 @@ def run_study(d: Design, seed: int, trials: int, sampler: str = "tpe") -> optuna
     ``trials`` more."""
     study = optuna.create_study(study_name=f"{d.scenario}/{d.name}/s{seed}/n{trials + 1}", direction="maximize",
                                 sampler=make_sampler(sampler, seed))
+    study.set_user_attr(MONOTONE_ATTR, d.space.monotone())  # as the driver stores it: rules' scopes
     study.enqueue_trial(dict(d.baseline), user_attrs={"baseline": True})
     for _ in range(trials + 1):
         trial = study.ask()
@@ -256,10 +259,13 @@ def _draw(d: Design, conds: list[dict[str, Any]], base: dict[str, Any], rng: ran
 
 
 def rule_truth(d: Design, rule: dict[str, Any], bases: list[dict[str, Any]], seed: int) -> tuple[float, int]:
-    """(share of testable interventions that give the rule's failure kind, number testable)."""
+    """(share of testable interventions that give the rule's failure kind, number testable). A
+    rule with a ``scope`` (where the study tried it, on parameters monotone for its kind) claims
+    nothing outside it: only the explored configurations within it are intervened on."""
     rng = random.Random(seed)
     hits = total = 0
-    for base in bases:
+    scope = [Condition(**c) for c in rule.get("scope_conditions") or []]
+    for base in (b for b in bases if all(c.holds(b) for c in scope)):
         for _ in range(DRAWS_PER_TRIAL):
             point = _draw(d, rule["conditions"], base, rng, satisfy=True)
             control = _draw(d, rule["conditions"], base, rng, satisfy=False)

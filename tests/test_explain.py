@@ -394,3 +394,40 @@ def test_tiny_studies_explain_without_error(tmp_path: Path, n: int) -> None:
     doc = explain(study)
     assert doc["failure_rules"] == [] and doc["trials"] == n
     assert doc["importance"]["objective"]["verdict"].startswith("not enough trials")
+
+
+def test_a_rule_says_where_it_was_tried_on_parameters_monotone_for_its_kind(tmp_path: Path) -> None:
+    """Large buffers crash only with many channels (the buffers per channel add up); the search
+    tried 8 MiB buffers only with 16 channels or more. The space declares channels monotone for
+    nccl-error, so the rule says it was tried only there: fewer channels may be what makes such
+    buffers fit. A study without the declarations (made before they were stored) says nothing."""
+    def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
+        crash = p["NCCL_BUFFSIZE"] >= 8 * MIB and p["NCCL_MIN_NCHANNELS"] >= 12
+        return ("nccl-error", 0.0) if crash else (None, _throughput(p, rng))
+
+    big = [{"NCCL_BUFFSIZE": 8 * MIB, "NCCL_MIN_NCHANNELS": c, "NCCL_MAX_NCHANNELS": 32, "NCCL_ALGO": "unset"}
+           for c in (16, 20, 24, 28, 32)]
+    small = [{"NCCL_BUFFSIZE": b * MIB, "NCCL_MIN_NCHANNELS": c, "NCCL_MAX_NCHANNELS": 32, "NCCL_ALGO": "unset"}
+             for b in (1, 2) for c in (1, 2, 4, 8, 16, 32)]
+    study, _ = _study(tmp_path, "scope", 0, judge, fixed=big + small * 2)
+    assert explain(study)["failure_rules"][0]["scope"] == []  # nothing stored: no scope
+    study.set_user_attr("space_monotone", SPACE.monotone())
+    (rule,) = explain(study)["failure_rules"]
+    assert rule["conditions"] == [{"param": "NCCL_BUFFSIZE", "op": ">=", "value": 8 * MIB}]
+    assert rule["scope"] == ["NCCL_MIN_NCHANNELS >= 16"]
+    assert rule["rule"] == "NCCL_BUFFSIZE >= 8388608 -> nccl-error (5 of 5; tried only with NCCL_MIN_NCHANNELS >= 16)"
+    assert crash_rules(study) == [rule["rule"]]
+
+
+def test_the_driver_stores_the_declarations_that_scope_the_rules(tmp_path: Path) -> None:
+    """A study the driver runs keeps its space's ``monotone:`` declarations, which explain reads."""
+    from autotune.analysis import space_monotone
+    from autotune.bench_tuner import Setup
+    from autotune.driver import Driver
+    from autotune.model_executor import ModelExecutor
+
+    setup = Setup("rtx6000-pcie-glm5", "sglang_nccl", "quick", None)
+    cfg = setup.config(name="mono", storage=f"sqlite:///{tmp_path}/m.db", sampler="tpe", seed=0, trials=2)
+    ex = ModelExecutor.for_target(cfg, setup.objective, seed=0)
+    study = Driver(cfg, setup.space, setup.objective, ex, trials=2).run().study
+    assert space_monotone(study) == setup.space.monotone() and space_monotone(study)["NCCL_MIN_NCHANNELS"]["nccl-error"] == "up"
