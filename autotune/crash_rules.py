@@ -72,10 +72,11 @@ on a parameter the failures did not vary (NCCL buffers per channel depend on ``N
 rule claims more than the data can show; docs/BENCHMARKS.md measures how often, against the
 simulator's model. Where the search space declares a parameter monotone for the rule's kind
 (``monotone: {nccl-error: up}`` on ``NCCL_MIN_NCHANNELS``: more channels fail the same way) and
-the trials the rule covers all lay on the failing side of what the study tried elsewhere, the
-rule says so (its ``scope``: ``NCCL_BUFFSIZE >= 8388608 -> nccl-error (6 of 6; tried only with
-NCCL_MIN_NCHANNELS >= 8)``): fewer channels were never tried with those buffers, and by the
-declaration they may be what made the buffers fit or fail.
+the trials the rule was judged on (those it covers that no earlier rule of its kind covers) all
+lay on the failing side of what the study tried elsewhere, the rule says so (its ``scope``:
+``NCCL_BUFFSIZE >= 8388608 -> nccl-error (6 of 6; shown only with NCCL_MIN_NCHANNELS >= 8)``):
+fewer channels were never tried with those buffers, and by the declaration they may be what
+made the buffers fit or fail.
 """
 
 from __future__ import annotations
@@ -170,15 +171,16 @@ class FailureRule:
     p_value: float = 1.0
     confounded_with: list[Condition] = field(default_factory=list)
     scope: list[Condition] = field(default_factory=list)
-    """Where the rule was tried, on parameters monotone for its kind: every covered trial held
-    these conditions, and other trials of the study did not (see the module docstring)."""
+    """Where the rule was shown, on parameters monotone for its kind: every trial it was judged
+    on (those it covers that no earlier rule of its kind covers) held these conditions, and other
+    trials of the study did not (see the module docstring)."""
 
     @property
     def condition(self) -> str:
         return " & ".join(str(c) for c in self.conditions)
 
     def __str__(self) -> str:
-        scope = f"; tried only with {', '.join(str(c) for c in self.scope)}" if self.scope else ""
+        scope = f"; shown only with {', '.join(str(c) for c in self.scope)}" if self.scope else ""
         return f"{self.condition} -> {self.kind} ({self.failed} of {self.covered}{scope})"
 
     def to_json(self) -> dict[str, Any]:
@@ -568,9 +570,12 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
         kind_fail = kinds_of == kind
         informative = kind_fail | (weights(kind, explained) >= 1.0)
         left = kind_fail.copy()
+        taken = np.zeros(n, dtype=bool)
         for idx, mask, rival in found[kind]:
             mine = mask & left
             left &= ~mask
+            judged = mask & ~taken  # the trials it was judged on: no earlier rule of its kind covers them
+            taken |= mask
             failed = int((mask & kind_fail).sum())
             rules.append(FailureRule(
                 conditions=tuple(conds[i] for i in idx), kind=kind, failed=failed, covered=int(mask.sum()),
@@ -578,7 +583,7 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
                 other_failures=int((mask & crashed & ~kind_fail).sum()),
                 p_value=hypergeom_tail(int(informative.sum()), int(kind_fail.sum()), int((mask & informative).sum()), failed),
                 confounded_with=[conds[i] for i in rival],
-                scope=rule_scope(rows, mask, kind, idx_params={conds[i].param for i in idx}, monotone=monotone or {}),
+                scope=rule_scope(rows, judged, kind, idx_params={conds[i].param for i in idx}, monotone=monotone or {}),
             ))
         if left.any():
             unexplained[kind] = [rows[i].number for i in np.flatnonzero(left)]
@@ -588,9 +593,9 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
 
 def rule_scope(rows: Sequence[TrialView], covered: np.ndarray, kind: str, *, idx_params: set[str],
                monotone: Mapping[str, Mapping[str, str]]) -> list[Condition]:
-    """The scope of a rule of ``kind`` covering ``covered`` of ``rows``: for each parameter the
+    """The scope of a rule of ``kind`` judged on ``covered`` of ``rows``: for each parameter the
     space declares monotone for ``kind`` (not one of the rule's own, ``idx_params``), ``P >= lo``
-    when it is "up", every covered trial had ``P >= lo`` and some trial of the study had less
+    when it is "up", every such trial had ``P >= lo`` and some trial of the study had less
     (``P <= hi`` for "down"): the side the failures lie on, short of what was tried."""
     out: list[Condition] = []
     for name in sorted(monotone):

@@ -36,7 +36,7 @@ Then ``autotune.analysis.explain`` runs on each study and is scored:
   the rule's doing). The rule is imprecise when under 80 % of the testable interventions give
   its failure kind, false under 50 %. A rule named with conditions the data cannot tell from it
   (``confounded_with``: "one of these") is scored by the best of them; a rule with a ``scope``
-  ("tried only with NCCL_MIN_NCHANNELS >= 8") is checked in the explored configurations within
+  ("shown only with NCCL_MIN_NCHANNELS >= 8") is checked in the explored configurations within
   it;
 - **num_continuous_decode_steps** (read by no SGLang code; the model ignores it): the verdict on
   its importance for the objective, at 30 trials and in longer studies (``--long-trials``);

@@ -415,7 +415,7 @@ def test_a_rule_says_where_it_was_tried_on_parameters_monotone_for_its_kind(tmp_
     (rule,) = explain(study)["failure_rules"]
     assert rule["conditions"] == [{"param": "NCCL_BUFFSIZE", "op": ">=", "value": 8 * MIB}]
     assert rule["scope"] == ["NCCL_MIN_NCHANNELS >= 16"]
-    assert rule["rule"] == "NCCL_BUFFSIZE >= 8388608 -> nccl-error (5 of 5; tried only with NCCL_MIN_NCHANNELS >= 16)"
+    assert rule["rule"] == "NCCL_BUFFSIZE >= 8388608 -> nccl-error (5 of 5; shown only with NCCL_MIN_NCHANNELS >= 16)"
     assert crash_rules(study) == [rule["rule"]]
 
 
