@@ -27,11 +27,11 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.crash_rules import MIN_SUPPORT, failure_rules, finished, rule_settings
+from autotune.importance import importance, importance_of
+from autotune.study_view import TrialView, objectives, view
 
 MONOTONE_ATTR = "space_monotone"
 """The study user attr with the search space's ``monotone:`` declarations (the driver writes it)."""
-from autotune.importance import importance, importance_of
-from autotune.study_view import TrialView, objectives, view
 
 
 # -- the document --------------------------------------------------------------------------------

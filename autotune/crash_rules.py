@@ -591,22 +591,22 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
     return RuleReport(rules=rules, unexplained=unexplained, finished=n)
 
 
-def rule_scope(rows: Sequence[TrialView], covered: np.ndarray, kind: str, *, idx_params: set[str],
+def rule_scope(rows: Sequence[TrialView], judged: np.ndarray, kind: str, *, idx_params: set[str],
                monotone: Mapping[str, Mapping[str, str]]) -> list[Condition]:
-    """The scope of a rule of ``kind`` judged on ``covered`` of ``rows``: for each parameter the
-    space declares monotone for ``kind`` (not one of the rule's own, ``idx_params``), ``P >= lo``
-    when it is "up", every such trial had ``P >= lo`` and some trial of the study had less
-    (``P <= hi`` for "down"): the side the failures lie on, short of what was tried."""
+    """The scope of a rule of ``kind`` judged on the ``judged`` rows: for each parameter the space
+    declares monotone for ``kind`` (not one of the rule's own, ``idx_params``), ``P >= lo`` when
+    it is "up", every judged trial had ``P >= lo`` and some trial of the study had less (``P <=
+    hi`` for "down"): the side the failures lie on, short of what was tried."""
     out: list[Condition] = []
-    for name in sorted(monotone):
-        direction = (monotone.get(name) or {}).get(kind)
+    for name, kinds in sorted(monotone.items()):
+        direction = kinds.get(kind)
         if direction not in ("up", "down") or name in idx_params:
             continue
         tried = [v.params.get(name) for v in rows]
-        mine = [x for x, c in zip(tried, covered) if c and is_number(x)]
-        others = [x for x in tried if is_number(x)]
+        mine = [x for x, j in zip(tried, judged) if j and is_number(x)]
         if not mine:
             continue
+        others = [x for x in tried if is_number(x)]
         if direction == "up" and min(others) < min(mine):
             out.append(Condition(name, ">=", min(mine)))
         elif direction == "down" and max(others) > max(mine):

@@ -188,8 +188,8 @@ def pooled_noise(configs: Sequence[Measured]) -> Noise | None:
     """
     squares, df, n_configs = 0.0, 0, 0
     for m in configs:
-        runs = m.values[1:]
-        if len(runs) < 2:
+        runs = m.backing
+        if not m.first_excluded or len(runs) < 2:
             continue
         mean = sum(runs) / len(runs)
         if mean == 0:
