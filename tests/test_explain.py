@@ -431,3 +431,33 @@ def test_the_driver_stores_the_declarations_that_scope_the_rules(tmp_path: Path)
     ex = ModelExecutor.for_target(cfg, setup.objective, seed=0)
     study = Driver(cfg, setup.space, setup.objective, ex, trials=2).run().study
     assert space_monotone(study) == setup.space.monotone() and space_monotone(study)["NCCL_MIN_NCHANNELS"]["nccl-error"] == "up"
+
+
+def test_a_rules_scope_is_read_from_the_trials_it_was_judged_on(tmp_path: Path) -> None:
+    """Two causes of OOM: a memory fraction of 0.9 or more, and 8 draft tokens with CUDA graphs up
+    to a batch of 256 or more. Two trials with 8 draft tokens and small graphs failed too, at 0.92:
+    the memory rule explains them, so they are not the draft-token rule's evidence, and its scope
+    names the large graphs where its own failures were."""
+    def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
+        if p["mem_fraction_static"] >= 0.9:
+            return "oom", 0.0
+        if p["speculative_num_draft_tokens"] == 8 and p["cuda_graph_max_bs"] >= 256:
+            return "oom", 0.0
+        return None, _throughput(p, rng)
+
+    fixed_rest = {"NCCL_MIN_NCHANNELS": 4, "NCCL_MAX_NCHANNELS": 16, "NCCL_BUFFSIZE": 4 * MIB, "NCCL_ALGO": "unset",
+                  "max_running_requests": 128}
+    memory = [{"mem_fraction_static": 0.92, "speculative_num_draft_tokens": s, "cuda_graph_max_bs": g}
+              for s, g in (("unset", 16), (8, 16), (8, 32), ("unset", 300), (2, 400), ("unset", 500), (3, 64),
+                           ("unset", 128), (2, 200), ("unset", 256))]
+    drafts = [{"mem_fraction_static": 0.7, "speculative_num_draft_tokens": 8, "cuda_graph_max_bs": g}
+              for g in (256, 300, 384, 448, 512)]
+    fine = [{"mem_fraction_static": m, "speculative_num_draft_tokens": s, "cuda_graph_max_bs": g}
+            for m in (0.7, 0.8, 0.85) for s in ("unset", 2, 3) for g in (16, 64, 300, 512)]
+    study, _ = _study(tmp_path, "judged", 0, judge, fixed=[{**fixed_rest, **f} for f in memory + drafts + fine])
+    study.set_user_attr("space_monotone", SPACE.monotone())
+    rules = {r["conditions"][0]["param"]: r for r in explain(study)["failure_rules"]}
+    assert set(rules) == {"mem_fraction_static", "speculative_num_draft_tokens"}
+    draft = rules["speculative_num_draft_tokens"]
+    assert draft["support"]["covered"] == 7 and sorted(draft["trials"]) == [10, 11, 12, 13, 14]
+    assert draft["scope"] == ["cuda_graph_max_bs >= 256"]  # over all 7 it covers, graphs from 16: no scope
