@@ -7,8 +7,11 @@ Run as ``python tests/streaming_server.py --port P [options]``. It serves
   ``stream_options.include_usage`` is set (unless ``--no-usage``), then ``data: [DONE]``;
 - ``POST /generate`` (SGLang schema, ``stream: true``): cumulative text with
   ``meta_info.completion_tokens``, then ``data: [DONE]``;
-- ``GET /stats``: ``{"requests", "max_in_flight", "in_flight", "prompt_tokens", "max_tokens"}``
-  (``max_tokens`` is the set of the requested output lengths);
+- ``GET /stats``: ``{"requests", "max_in_flight", "in_flight", "prompt_tokens", "max_tokens", "timings"}``
+  (``max_tokens`` is the set of the requested output lengths; ``timings`` holds, for each stream
+  that sent all its tokens, in order of arrival, ``[arrival, first, last]``: the ``time.monotonic()``
+  seconds when its handler started, and when its first and its last token chunk were written. They
+  are the schedule as it ran, late timers included, for tests to compare the client's clock with);
 - ``POST /stats/reset``: zeroes the counters.
 
 Timing of one generation request of ``n`` output tokens: the first chunk (one token) is sent
@@ -54,12 +57,14 @@ class _State:
         self.max_in_flight = 0
         self.prompt_tokens = 0
         self.max_tokens: set[int] = set()
+        self.timings: list[tuple[float, float, float]] = []
 
     def reset(self) -> None:
         self.requests = 0
         self.max_in_flight = self.in_flight
         self.prompt_tokens = 0
         self.max_tokens = set()
+        self.timings = []
 
 
 def _sse(obj: Any) -> bytes:
@@ -85,6 +90,7 @@ async def _stream(request: web.Request, n_tokens: int, prompt_tokens: int, api: 
         await resp.prepare(request)
         loop = asyncio.get_running_loop()
         start = loop.time()
+        first = start
         sent = 0
         k = 0
         while sent < n_tokens:
@@ -104,6 +110,10 @@ async def _stream(request: web.Request, n_tokens: int, prompt_tokens: int, api: 
                 chunk = {"text": "" if empty else TOKEN_TEXT * sent,
                          "meta_info": {"prompt_tokens": prompt_tokens, "completion_tokens": sent}}
             await resp.write(_sse(chunk))
+            if k == 1:
+                first = loop.time()
+            if sent == n_tokens:
+                state.timings.append((request["arrival"], first, loop.time()))
             if error:
                 await resp.write(_sse({"error": {"message": "injected error event", "type": "InternalServerError",
                                                  "param": None, "code": 500}}))
@@ -123,6 +133,7 @@ async def _stream(request: web.Request, n_tokens: int, prompt_tokens: int, api: 
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
+    request["arrival"] = asyncio.get_running_loop().time()
     state: _State = request.app["state"]
     body = await request.json()
     state.requests += 1
@@ -144,6 +155,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
+    request["arrival"] = asyncio.get_running_loop().time()
     state: _State = request.app["state"]
     body = await request.json()
     state.requests += 1
@@ -166,7 +178,8 @@ async def models(request: web.Request) -> web.Response:
 async def stats(request: web.Request) -> web.Response:
     s: _State = request.app["state"]
     return web.json_response({"requests": s.requests, "max_in_flight": s.max_in_flight, "in_flight": s.in_flight,
-                              "prompt_tokens": s.prompt_tokens, "max_tokens": sorted(s.max_tokens)})
+                              "prompt_tokens": s.prompt_tokens, "max_tokens": sorted(s.max_tokens),
+                              "timings": sorted(s.timings)})
 
 
 async def reset(request: web.Request) -> web.Response:
