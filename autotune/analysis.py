@@ -26,7 +26,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from autotune.crash_rules import MIN_SUPPORT, failure_rules, finished, rule_settings
+from autotune.crash_rules import MIN_SUPPORT, failure_rules, finished, is_number, rule_settings
 from autotune.importance import importance, importance_of
 from autotune.study_view import TrialView, objectives, view
 
@@ -51,17 +51,37 @@ def space_monotone(study: optuna.Study) -> dict[str, dict[str, str]]:
     return {str(n): {str(k): str(d) for k, d in kinds.items()} for n, kinds in stored.items() if isinstance(kinds, dict)}
 
 
+def space_bounds(study: optuna.Study) -> dict[str, tuple[float, float]]:
+    """Each numeric parameter's range as the study's trials were given it (their Optuna
+    distributions; a categorical parameter whose choices are all numbers spans them): a crash
+    rule's threshold is said to be shown only up to the value its trials reached when the space
+    goes further (:func:`autotune.crash_rules.rule_reach`)."""
+    out: dict[str, tuple[float, float]] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
+        for name, dist in t.distributions.items():
+            if isinstance(dist, (optuna.distributions.IntDistribution, optuna.distributions.FloatDistribution)):
+                lo, hi = float(dist.low), float(dist.high)
+            elif isinstance(dist, optuna.distributions.CategoricalDistribution) and dist.choices and \
+                    all(is_number(c) for c in dist.choices):
+                lo, hi = float(min(dist.choices)), float(max(dist.choices))  # type: ignore[type-var]
+            else:
+                continue
+            old = out.get(name, (lo, hi))
+            out[name] = (min(old[0], lo), max(old[1], hi))
+    return out
+
+
 def crash_rules(study: optuna.Study) -> list[str]:
     """The study's crash rules as ``study explain`` prints them (``NCCL_ALGO=Tree -> nccl-error
     (4 of 4)``), in its order; the rules alone, without the importances' bootstrap, so cheap enough
     for the end of every study."""
-    return [str(r) for r in failure_rules(analysed_views(study), space_monotone(study)).rules]
+    return [str(r) for r in failure_rules(analysed_views(study), space_monotone(study), space_bounds(study)).rules]
 
 
 def explain(study: optuna.Study) -> dict[str, Any]:
     """Outcome counts, failure kinds, crash rules and importances, as one JSON-able document."""
     views = analysed_views(study)
-    report = failure_rules(views, space_monotone(study))
+    report = failure_rules(views, space_monotone(study), space_bounds(study))
     kinds = Counter(v.failure_kind for v in views if v.failure_kind)
     imp = importance(views)
     goals = objectives(study)
@@ -87,4 +107,4 @@ def explain(study: optuna.Study) -> dict[str, Any]:
 
 
 __all__ = ["MIN_SUPPORT", "MONOTONE_ATTR", "analysed_views", "crash_rules", "explain", "failure_rules", "importance",
-           "importance_of", "space_monotone"]
+           "importance_of", "space_bounds", "space_monotone"]

@@ -478,6 +478,9 @@ def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool 
         if rule.get("confounded_with"):
             _out.print(Text(f"    not told apart from {' or '.join(rule['confounded_with'])}: every one of these "
                             "failures also had it, and no more trials refute it"))
+        if rule.get("as_sure"):
+            _out.print(Text(f"    or as surely {' or '.join(rule['as_sure'])}: these trials do not choose between "
+                            "them (each explains as many failures, as cleanly)"))
     if left["count"]:
         kinds = ", ".join(f"{k} x{n}" for k, n in left["kinds"].items())
         noun = "failure" if left["count"] == 1 else "failures"

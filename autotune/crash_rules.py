@@ -58,7 +58,13 @@ cover:
    with the failures on their own (``alpha``) are the rule's rivals (``confounded_with``, at
    most ``MAX_RIVALS``, tightest first): the data cannot tell them from the rule, which is then
    "one of these". A rival that explains more failures, and is a rule by itself, takes the
-   rule's place.
+   rule's place. Conditions on other parameters that would have been taken as surely at that
+   step (the same lower bound and the same failures net of what counts against), explaining
+   other failures of the kind, are named too (``as_sure``, at most ``MAX_RIVALS``): with nothing
+   in the data to choose between them, which one is printed first is an accident of order, and
+   the rule is one of them. (On the Kimi host, ``NCCL_MIN_NCHANNELS >= 16`` and
+   ``mem_fraction_static >= 0.58`` each covered three NCCL errors and no success; the model
+   says the second is the cause.)
 7. Each failure is attributed to the first rule that covers it; the others are reported as
    explained by no rule.
 
@@ -76,7 +82,11 @@ the trials the rule was judged on (those it covers that no earlier rule of its k
 lay on the failing side of what the study tried elsewhere, the rule says so (its ``scope``:
 ``NCCL_BUFFSIZE >= 8388608 -> nccl-error (6 of 6; shown only with NCCL_MIN_NCHANNELS >= 8)``):
 fewer channels were never tried with those buffers, and by the declaration they may be what
-made the buffers fit or fail.
+made the buffers fit or fail. Likewise on the rule's own threshold: where the judged trials
+beyond some value all failed earlier in a trial (``mem_fraction_static >= 0.60``: a KV pool too
+large, before NCCL ran), the rule says it was shown up to that value only
+(``mem_fraction_static >= 0.59 -> nccl-error (3 of 4; shown only with mem_fraction_static <=
+0.59)``): past it, the study cannot say whether NCCL would have failed.
 """
 
 from __future__ import annotations
@@ -170,10 +180,16 @@ class FailureRule:
     other_failures: int = 0
     p_value: float = 1.0
     confounded_with: list[Condition] = field(default_factory=list)
+    as_sure: list[Condition] = field(default_factory=list)
+    """Conditions on other parameters the cover would have taken as surely at the step that took
+    this rule, over other failures of its kind: the data does not choose between them (the
+    module docstring, step 6)."""
     scope: list[Condition] = field(default_factory=list)
-    """Where the rule was shown, on parameters monotone for its kind: every trial it was judged
-    on (those it covers that no earlier rule of its kind covers) held these conditions, and other
-    trials of the study did not (see the module docstring)."""
+    """Where the rule was shown. On its own thresholds: how far the trials it was judged on (those
+    it covers that no earlier rule of its kind covers) got to where its kind happens, the rest
+    having failed earlier (:func:`rule_reach`). On parameters monotone for its kind: those trials
+    held these conditions, and other trials of the study did not (:func:`rule_scope`; see the
+    module docstring)."""
 
     @property
     def condition(self) -> str:
@@ -195,6 +211,8 @@ class FailureRule:
             "p_value": float(f"{self.p_value:.3g}"),
             "confounded_with": [str(c) for c in self.confounded_with],
             "confounded_conditions": [c.to_json() for c in self.confounded_with],
+            "as_sure": [str(c) for c in self.as_sure],
+            "as_sure_conditions": [c.to_json() for c in self.as_sure],
             "scope": [str(c) for c in self.scope],
             "scope_conditions": [c.to_json() for c in self.scope],
         }
@@ -346,8 +364,9 @@ def rule_settings() -> dict[str, Any]:
 
 
 # -- the cover -----------------------------------------------------------------------------------
-Chosen = tuple[tuple[int, ...], np.ndarray, list[int]]
-"""A rule the cover took: its condition indices, the rows it covers, its rivals' indices."""
+Chosen = tuple[tuple[int, ...], np.ndarray, list[int], list[int]]
+"""A rule the cover took: its condition indices, the rows it covers, its rivals' indices and the
+indices of the conditions as sure as it at the step that took it."""
 
 
 class _Cover:
@@ -442,12 +461,29 @@ class _Cover:
                     break
         return out
 
-    def single(self) -> tuple[int | None, tuple[np.ndarray, ...]]:
-        """The one-condition rule this step would take (the surest acceptable one), and every
-        condition's counts."""
+    def single(self) -> tuple[list[int], tuple[np.ndarray, ...]]:
+        """The one-condition rule this step would take (the surest acceptable one) followed by
+        the acceptable conditions on other parameters exactly as sure (the same lower bound of
+        the precision and the same failures net of what counts against; at most
+        ``MAX_RIVALS``), or ``[]``; and every condition's counts."""
         counts = self.stats(self.every)
         fail, agn, nag, cov = counts
-        return next(iter(self.pick(fail, agn, nag, cov, ALPHA, family=True)), None), counts
+        ranked = self.pick(fail, agn, nag, cov, ALPHA, family=True, count=MAX_RANKED)
+        if not ranked:
+            return [], counts
+
+        def sureness(j: int) -> tuple[float, float]:
+            return round(float(_wilson_low(fail[j], fail[j] + agn[j])), 6), round(float(fail[j] - agn[j]), 6)
+
+        first = ranked[0]
+        out, params = [first], {self.params_of[first]}
+        for j in ranked[1:]:
+            if sureness(j) != sureness(first):
+                break
+            if self.params_of[j] not in params and len(out) <= MAX_RIVALS:
+                out.append(j)
+                params.add(self.params_of[j])
+        return out, counts
 
     def pair(self, counts: tuple[np.ndarray, ...], best_single: float) -> tuple[int, int] | None:
         """The two-condition rule this step would take, if any (the module docstring, step 5)."""
@@ -479,7 +515,7 @@ class _Cover:
         a, b = divmod(found[0], n)
         return int(cand[a]), int(cand[b])
 
-    def rivals(self, idx: tuple[int, ...], mask: np.ndarray) -> Chosen:
+    def rivals(self, idx: tuple[int, ...], mask: np.ndarray) -> tuple[tuple[int, ...], np.ndarray, list[int]]:
         """The rule, and the conditions on other parameters that hold in every failure it
         explains, are refuted by no more informative trials than it and go with the failures on
         their own: the data cannot tell them from the rule (tightest first). A rival that
@@ -511,23 +547,27 @@ class _Cover:
         if int(self.kind_fail.sum()) < MIN_SUPPORT or not len(self.conds):
             return chosen
         while int((self.kind_fail & self.active).sum()) >= MIN_SUPPORT:
-            j, counts = self.single()
+            ranked, counts = self.single()
+            j = ranked[0] if ranked else None
             best_single = float(_wilson_low(counts[0][j], counts[0][j] + counts[1][j])) if j is not None else -np.inf
             pair = self.pair(counts, best_single)
             if pair is not None:
-                chosen.append(self.rivals(pair, self.masks[pair[0]] & self.masks[pair[1]]))
+                chosen.append((*self.rivals(pair, self.masks[pair[0]] & self.masks[pair[1]]), []))
             elif j is not None:
-                chosen.append(self.rivals((j,), self.masks[j]))
+                idx, mask, rival = self.rivals((j,), self.masks[j])
+                named = {self.params_of[i] for i in (*idx, *rival)}
+                chosen.append((idx, mask, rival, [a for a in ranked[1:] if self.params_of[a] not in named]))
             else:
                 break
             self.active &= ~chosen[-1][1]
         return chosen
 
 
-def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str, str]] | None = None) -> RuleReport:
+def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str, str]] | None = None,
+                  bounds: Mapping[str, tuple[float, float]] | None = None) -> RuleReport:
     """The crash rules of the finished trials ``views`` (see the module docstring); ``monotone``:
-    the search space's declarations (parameter -> {failure kind: "up" | "down"}), for each rule's
-    :attr:`~FailureRule.scope` (none without them)."""
+    the search space's declarations (parameter -> {failure kind: "up" | "down"}), and ``bounds``:
+    each numeric parameter's range in the space, for each rule's :attr:`~FailureRule.scope`."""
     rows = finished(views)
     n = len(rows)
     crashed = np.array([_crashed(v) for v in rows], dtype=bool)
@@ -536,7 +576,7 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
     kinds = sorted({k for k in kinds_of if k})
     conds, masks = candidate_conditions(rows)
     params_of = np.array([c.param for c in conds], dtype=object)
-    bounds: dict[bytes, float] = {}
+    family_bounds: dict[bytes, float] = {}
     dense = masks.astype(np.float32)
     Found = dict[str, list[Chosen]]
 
@@ -552,13 +592,13 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
         return w
 
     def run(explained: np.ndarray) -> Found:
-        return {kind: _Cover(kinds_of == kind, weights(kind, explained), conds, masks, params_of, bounds, dense).run()
+        return {kind: _Cover(kinds_of == kind, weights(kind, explained), conds, masks, params_of, family_bounds, dense).run()
                 for kind in kinds}
 
     def explained_by(found: Found) -> np.ndarray:
         out = np.zeros(n, dtype=bool)
         for kind, chosen in found.items():
-            for _, mask, _ in chosen:
+            for _, mask, _, _ in chosen:
                 out |= mask & (kinds_of == kind)
         return out
 
@@ -569,9 +609,10 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
     for kind in kinds:
         kind_fail = kinds_of == kind
         informative = kind_fail | (weights(kind, explained) >= 1.0)
+        earlier = crashed & (stage_of < stage(kind))
         left = kind_fail.copy()
         taken = np.zeros(n, dtype=bool)
-        for idx, mask, rival in found[kind]:
+        for idx, mask, rival, sure in found[kind]:
             mine = mask & left
             left &= ~mask
             judged = mask & ~taken  # the trials it was judged on: no earlier rule of its kind covers them
@@ -583,12 +624,41 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
                 other_failures=int((mask & crashed & ~kind_fail).sum()),
                 p_value=hypergeom_tail(int(informative.sum()), int(kind_fail.sum()), int((mask & informative).sum()), failed),
                 confounded_with=[conds[i] for i in rival],
-                scope=rule_scope(rows, judged, kind, idx_params={conds[i].param for i in idx}, monotone=monotone or {}),
+                as_sure=[conds[i] for i in sure],
+                scope=[*rule_reach(rows, judged & ~earlier, judged, tuple(conds[i] for i in idx), kind,
+                                   monotone=monotone or {}, bounds=bounds or {}),
+                       *rule_scope(rows, judged, kind, idx_params={conds[i].param for i in idx}, monotone=monotone or {})],
             ))
         if left.any():
             unexplained[kind] = [rows[i].number for i in np.flatnonzero(left)]
     rules.sort(key=lambda r: (-len(r.trials), r.kind, r.condition))
     return RuleReport(rules=rules, unexplained=unexplained, finished=n)
+
+
+def rule_reach(rows: Sequence[TrialView], reached: np.ndarray, judged: np.ndarray, conditions: Sequence[Condition],
+               kind: str, *, monotone: Mapping[str, Mapping[str, str]],
+               bounds: Mapping[str, tuple[float, float]]) -> list[Condition]:
+    """How far a rule of ``kind`` was shown along its own thresholds: for each ``P >= lo`` of
+    ``conditions``, ``P <= hi`` with ``hi`` the largest ``P`` among the ``reached`` rows (those it
+    was judged on that got as far in a trial as ``kind`` happens), when the judged rows or the
+    space (``bounds``) go further (``P >= lo`` with the smallest, for ``P <= hi``). Beyond it the
+    study tried nothing, or its trials failed earlier (a KV pool too large to size before NCCL
+    ever ran): they say nothing of the rule there. Not for a parameter the space declares
+    monotone for ``kind`` in the threshold's direction: by the declaration, the failures go on."""
+    out: list[Condition] = []
+    for c in conditions:
+        if c.op not in (">=", "<=") or monotone.get(c.param, {}).get(kind) == ("up" if c.op == ">=" else "down"):
+            continue
+        seen = [x for x in (v.params.get(c.param) for v, r in zip(rows, reached) if r) if is_number(x)]
+        every = [x for x in (v.params.get(c.param) for v, j in zip(rows, judged) if j) if is_number(x)]
+        if not seen:
+            continue
+        lo, hi = bounds.get(c.param, (min(every), max(every)))
+        if c.op == ">=" and max(seen) < max(hi, max(every)):
+            out.append(Condition(c.param, "<=", max(seen)))
+        elif c.op == "<=" and min(seen) > min(lo, min(every)):
+            out.append(Condition(c.param, ">=", min(seen)))
+    return out
 
 
 def rule_scope(rows: Sequence[TrialView], judged: np.ndarray, kind: str, *, idx_params: set[str],
@@ -615,4 +685,4 @@ def rule_scope(rows: Sequence[TrialView], judged: np.ndarray, kind: str, *, idx_
 
 
 __all__ = ["Condition", "FailureRule", "MIN_SUPPORT", "RuleReport", "candidate_conditions", "failure_rules",
-           "finished", "hypergeom_tail", "is_number", "rule_scope", "rule_settings", "show_value", "stage"]
+           "finished", "hypergeom_tail", "is_number", "rule_reach", "rule_scope", "rule_settings", "show_value", "stage"]

@@ -279,7 +279,7 @@ def _table(headers: list[str], rows: Iterable[Iterable[Any]]) -> str:
 
 
 _RULE_COLUMNS = ("when", "fails with", "failed of covered", "other failures", "trials explained", "p-value",
-                 "not told apart from")
+                 "not told apart from", "or as surely")
 
 
 def _rules_html(rules: list[Mapping[str, Any]], doc: Mapping[str, Any]) -> str:
@@ -288,7 +288,8 @@ def _rules_html(rules: list[Mapping[str, Any]], doc: Mapping[str, Any]) -> str:
         out += "<p>No crash rule: no parameter value or range explains the failures.</p>"
     else:
         out += _table(list(_RULE_COLUMNS), ([r["condition"], r["kind"], f"{r['support']['failed']} of {r['support']['covered']}",
-                                             r["other_failures"], r["trials"], r["p_value"], r["confounded_with"]]
+                                             r["other_failures"], r["trials"], r["p_value"], r["confounded_with"],
+                                             r.get("as_sure", [])]
                                             for r in rules))
     unexplained = doc["unexplained_failures"]
     if unexplained["count"]:

@@ -35,7 +35,8 @@ Then ``autotune.analysis.explain`` runs on each study and is scored:
   hold; a pair where the control fails with the same kind is not testable (that failure is not
   the rule's doing). The rule is imprecise when under 80 % of the testable interventions give
   its failure kind, false under 50 %. A rule named with conditions the data cannot tell from it
-  (``confounded_with``: "one of these") is scored by the best of them; a rule with a ``scope``
+  (``confounded_with``: "one of these"), or with conditions as sure as it (``as_sure``), is
+  scored by the best of them; a rule with a ``scope``
   ("shown only with NCCL_MIN_NCHANNELS >= 8") is checked in the explored configurations within
   it;
 - **num_continuous_decode_steps** (read by no SGLang code; the model ignores it): the verdict on
@@ -260,14 +261,18 @@ def _draw(d: Design, conds: list[dict[str, Any]], base: dict[str, Any], rng: ran
 
 def rule_truth(d: Design, rule: dict[str, Any], bases: list[dict[str, Any]], seed: int) -> tuple[float, int]:
     """(share of testable interventions that give the rule's failure kind, number testable). A
-    rule with a ``scope`` (where the study tried it, on parameters monotone for its kind) claims
-    nothing outside it: only the explored configurations within it are intervened on."""
+    rule with a ``scope`` claims nothing outside it: on its own parameters (how far along its
+    threshold it was shown), the values drawn keep within it; on others (where the study tried
+    it, on parameters monotone for its kind), only the explored configurations within it are
+    intervened on."""
     rng = random.Random(seed)
     hits = total = 0
-    scope = [Condition(**c) for c in rule.get("scope_conditions") or []]
+    own = {c["param"] for c in rule["conditions"]}
+    scope = [Condition(**c) for c in rule.get("scope_conditions") or [] if c["param"] not in own]
+    along = [c for c in rule.get("scope_conditions") or [] if c["param"] in own]
     for base in (b for b in bases if all(c.holds(b) for c in scope)):
         for _ in range(DRAWS_PER_TRIAL):
-            point = _draw(d, rule["conditions"], base, rng, satisfy=True)
+            point = _draw(d, [*rule["conditions"], *along], base, rng, satisfy=True)
             control = _draw(d, rule["conditions"], base, rng, satisfy=False)
             if point is None or control is None:
                 continue
@@ -403,15 +408,17 @@ def score_study(sc: Score, d: Design, study: optuna.Study, seed: int, *, long: b
     sc.failures += doc["unexplained_failures"]["count"] + sum(len(r["trials"]) for r in doc["failure_rules"])
     sc.unexplained += doc["unexplained_failures"]["count"]
     for rule in doc["failure_rules"]:
-        # a rule named with its confounds says "one of these": the best of them is what it claims
-        alternatives = [rule] + [{"conditions": [c], "kind": rule["kind"]} for c in rule.get("confounded_conditions", [])]
+        # a rule named with its confounds, or with the conditions as sure as it, says "one of
+        # these": the best of them is what it claims
+        named = [*rule.get("confounded_conditions", []), *rule.get("as_sure_conditions", [])]
+        alternatives = [rule] + [{"conditions": [c], "kind": rule["kind"]} for c in named]
         rate, tested = max((rule_truth(d, alt, bases, seed) for alt in alternatives),
                            key=lambda rt: (rt[1] >= MIN_TESTED, rt[0] if rt[0] == rt[0] else -1.0))
         sc.rules += 1
         sc.pair_rules += len(rule["conditions"]) == 2
         sc.confounded_rules += len(alternatives) > 1
         entry = {"study": study.study_name, "rule": rule["rule"], "model_rate": round(rate, 3), "tested": tested,
-                 "confounded_with": rule.get("confounded_with", [])}
+                 "confounded_with": rule.get("confounded_with", []), "as_sure": rule.get("as_sure", [])}
         record["rules"].append(entry)
         if tested < MIN_TESTED:
             sc.untestable.append(entry)

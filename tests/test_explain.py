@@ -400,7 +400,9 @@ def test_a_rule_says_where_it_was_tried_on_parameters_monotone_for_its_kind(tmp_
     """Large buffers crash only with many channels (the buffers per channel add up); the search
     tried 8 MiB buffers only with 16 channels or more. The space declares channels monotone for
     nccl-error, so the rule says it was tried only there: fewer channels may be what makes such
-    buffers fit. A study without the declarations (made before they were stored) says nothing."""
+    buffers fit. A study without the declarations (made before they were stored) says only that
+    the search never tried buffers past 8 MiB (16 MiB is in the space): by nothing it knows does
+    the rule go on there."""
     def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
         crash = p["NCCL_BUFFSIZE"] >= 8 * MIB and p["NCCL_MIN_NCHANNELS"] >= 12
         return ("nccl-error", 0.0) if crash else (None, _throughput(p, rng))
@@ -410,7 +412,7 @@ def test_a_rule_says_where_it_was_tried_on_parameters_monotone_for_its_kind(tmp_
     small = [{"NCCL_BUFFSIZE": b * MIB, "NCCL_MIN_NCHANNELS": c, "NCCL_MAX_NCHANNELS": 32, "NCCL_ALGO": "unset"}
              for b in (1, 2) for c in (1, 2, 4, 8, 16, 32)]
     study, _ = _study(tmp_path, "scope", 0, judge, fixed=big + small * 2)
-    assert explain(study)["failure_rules"][0]["scope"] == []  # nothing stored: no scope
+    assert explain(study)["failure_rules"][0]["scope"] == ["NCCL_BUFFSIZE <= 8388608"]  # nothing stored
     study.set_user_attr("space_monotone", SPACE.monotone())
     (rule,) = explain(study)["failure_rules"]
     assert rule["conditions"] == [{"param": "NCCL_BUFFSIZE", "op": ">=", "value": 8 * MIB}]
@@ -461,3 +463,57 @@ def test_a_rules_scope_is_read_from_the_trials_it_was_judged_on(tmp_path: Path) 
     draft = rules["speculative_num_draft_tokens"]
     assert draft["support"]["covered"] == 7 and sorted(draft["trials"]) == [10, 11, 12, 13, 14]
     assert draft["scope"] == ["cuda_graph_max_bs >= 256"]  # over all 7 it covers, graphs from 16: no scope
+
+
+def test_a_threshold_is_shown_only_as_far_as_its_trials_reached_the_failure(tmp_path: Path) -> None:
+    """NCCL buffers stop fitting at a memory fraction of 0.86 (an NCCL error at start-up); from 0.9
+    the KV pool cannot even be sized (not-enough-memory, before NCCL ever runs). The NCCL rule
+    says it was shown up to 0.89 only: past it the trials failed before they could show it. The
+    space declares the fraction monotone for OOMs, not for NCCL errors, so nothing else carries it
+    further. A rule on a parameter declared monotone for its kind is not bounded so."""
+    def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
+        if p["mem_fraction_static"] >= 0.9:
+            return "not-enough-memory", 0.0
+        if p["mem_fraction_static"] >= 0.86:
+            return "nccl-error", 0.0
+        return None, _throughput(p, rng)
+
+    fixed = [{"mem_fraction_static": m, "NCCL_ALGO": "unset"} for m in (0.86, 0.87, 0.88, 0.89, 0.9, 0.93, 0.95)]
+    study, _ = _study(tmp_path, "reach", 24, judge, fixed=fixed)
+    study.set_user_attr("space_monotone", SPACE.monotone())
+    rules = {r["kind"]: r for r in explain(study)["failure_rules"]}
+    nccl = rules["nccl-error"]
+    assert nccl["conditions"] == [{"param": "mem_fraction_static", "op": ">=", "value": 0.86}]
+    assert nccl["scope"] == ["mem_fraction_static <= 0.89"]
+    assert nccl["rule"].startswith("mem_fraction_static >= 0.86 -> nccl-error (")
+    assert nccl["rule"].endswith("; shown only with mem_fraction_static <= 0.89)")
+    # not-enough-memory is declared monotone (down) in the fraction, not up: its threshold is bounded
+    # only by what was tried; the study tried up to the space's top, so there is nothing to say.
+    nem = rules["not-enough-memory"]
+    assert nem["conditions"] == [{"param": "mem_fraction_static", "op": ">=", "value": 0.9}]
+    assert not any(c["param"] == "mem_fraction_static" for c in nem["scope_conditions"])
+
+
+def test_a_rule_names_the_conditions_the_trials_do_not_choose_from(tmp_path: Path) -> None:
+    """Three NCCL errors: two with many channels at a high memory fraction, one with many channels
+    at a low one, one with few channels at a high one. ``NCCL_MIN_NCHANNELS >= 16`` and
+    ``mem_fraction_static >= 0.9`` each cover three of them and no success: the rule printed
+    first says the other explains as many, as cleanly."""
+    failing = {(20, 0.92), (24, 0.93), (18, 0.6), (2, 0.91)}
+
+    def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
+        failed = (p["NCCL_MIN_NCHANNELS"], p["mem_fraction_static"]) in failing
+        return ("nccl-error", 0.0) if failed else (None, _throughput(p, rng))
+
+    base = {"NCCL_ALGO": "unset", "NCCL_MAX_NCHANNELS": 32}
+    fine = [(c, m) for c in (1, 2, 4, 8, 12) for m in (0.6, 0.7, 0.8, 0.85)] * 2
+    fixed = [{**base, "NCCL_MIN_NCHANNELS": c, "mem_fraction_static": m} for c, m in [*sorted(failing), *fine]]
+    study, _ = _study(tmp_path, "as-sure", 0, judge, fixed=fixed)
+    (rule,) = explain(study)["failure_rules"]
+    first, = rule["conditions"]
+    other = {"NCCL_MIN_NCHANNELS": "mem_fraction_static", "mem_fraction_static": "NCCL_MIN_NCHANNELS"}[first["param"]]
+    assert [c["param"] for c in rule["as_sure_conditions"]] == [other]
+    assert rule["support"] == {"failed": 3, "covered": 3}
+    assert rule["as_sure"] == [f"{c['param']} {c['op']} {c['value']}" for c in rule["as_sure_conditions"]]
+    text = autotune("study", "explain", "as-sure", "--storage", f"sqlite:///{tmp_path}/studies.db", cwd=tmp_path).stdout
+    assert f"or as surely {rule['as_sure'][0]}: these trials do not choose" in " ".join(text.split())
