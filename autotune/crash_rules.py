@@ -62,9 +62,8 @@ cover:
    step (the same lower bound and the same failures net of what counts against), explaining
    other failures of the kind, are named too (``as_sure``, at most ``MAX_RIVALS``): with nothing
    in the data to choose between them, which one is printed first is an accident of order, and
-   the rule is one of them. (On the Kimi host, ``NCCL_MIN_NCHANNELS >= 16`` and
-   ``mem_fraction_static >= 0.58`` each covered three NCCL errors and no success; the model
-   says the second is the cause.)
+   the rule is one of them (``NCCL_MIN_NCHANNELS >= 18`` and ``mem_fraction_static >= 0.91``,
+   each over three of four NCCL errors and no success: tests/test_explain.py).
 7. Each failure is attributed to the first rule that covers it; the others are reported as
    explained by no rule.
 
@@ -82,9 +81,10 @@ the trials the rule was judged on (those it covers that no earlier rule of its k
 lay on the failing side of what the study tried elsewhere, the rule says so (its ``scope``:
 ``NCCL_BUFFSIZE >= 8388608 -> nccl-error (6 of 6; shown only with NCCL_MIN_NCHANNELS >= 8)``):
 fewer channels were never tried with those buffers, and by the declaration they may be what
-made the buffers fit or fail. Likewise on the rule's own threshold: where the judged trials
-beyond some value all failed earlier in a trial (``mem_fraction_static >= 0.60``: a KV pool too
-large, before NCCL ran), the rule says it was shown up to that value only
+made the buffers fit or fail. Likewise on the rule's own threshold, unless the space declares
+that parameter monotone for the kind: where the study tried nothing beyond some value that the
+space allows, or its judged trials there failed earlier in a trial (``not-enough-memory``
+sizing the KV pool, before NCCL ran), the rule says it was shown up to that value only
 (``mem_fraction_static >= 0.59 -> nccl-error (3 of 4; shown only with mem_fraction_static <=
 0.59)``): past it, the study cannot say whether NCCL would have failed.
 """
@@ -480,9 +480,11 @@ class _Cover:
         for j in ranked[1:]:
             if sureness(j) != sureness(first):
                 break
-            if self.params_of[j] not in params and len(out) <= MAX_RIVALS:
+            if self.params_of[j] not in params:
                 out.append(j)
                 params.add(self.params_of[j])
+                if len(out) > MAX_RIVALS:
+                    break
         return out, counts
 
     def pair(self, counts: tuple[np.ndarray, ...], best_single: float) -> tuple[int, int] | None:
@@ -568,6 +570,7 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
     """The crash rules of the finished trials ``views`` (see the module docstring); ``monotone``:
     the search space's declarations (parameter -> {failure kind: "up" | "down"}), and ``bounds``:
     each numeric parameter's range in the space, for each rule's :attr:`~FailureRule.scope`."""
+    monotone, bounds = monotone or {}, bounds or {}
     rows = finished(views)
     n = len(rows)
     crashed = np.array([_crashed(v) for v in rows], dtype=bool)
@@ -626,8 +629,8 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
                 confounded_with=[conds[i] for i in rival],
                 as_sure=[conds[i] for i in sure],
                 scope=[*rule_reach(rows, judged & ~earlier, judged, tuple(conds[i] for i in idx), kind,
-                                   monotone=monotone or {}, bounds=bounds or {}),
-                       *rule_scope(rows, judged, kind, idx_params={conds[i].param for i in idx}, monotone=monotone or {})],
+                                   monotone=monotone, bounds=bounds),
+                       *rule_scope(rows, judged, kind, idx_params={conds[i].param for i in idx}, monotone=monotone)],
             ))
         if left.any():
             unexplained[kind] = [rows[i].number for i in np.flatnonzero(left)]

@@ -289,7 +289,7 @@ def _rules_html(rules: list[Mapping[str, Any]], doc: Mapping[str, Any]) -> str:
     else:
         out += _table(list(_RULE_COLUMNS), ([r["condition"], r["kind"], f"{r['support']['failed']} of {r['support']['covered']}",
                                              r["other_failures"], r["trials"], r["p_value"], r["confounded_with"],
-                                             r.get("as_sure", [])]
+                                             r["as_sure"]]
                                             for r in rules))
     unexplained = doc["unexplained_failures"]
     if unexplained["count"]:

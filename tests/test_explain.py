@@ -495,9 +495,9 @@ def test_a_threshold_is_shown_only_as_far_as_its_trials_reached_the_failure(tmp_
 
 
 def test_a_rule_names_the_conditions_the_trials_do_not_choose_from(tmp_path: Path) -> None:
-    """Three NCCL errors: two with many channels at a high memory fraction, one with many channels
-    at a low one, one with few channels at a high one. ``NCCL_MIN_NCHANNELS >= 16`` and
-    ``mem_fraction_static >= 0.9`` each cover three of them and no success: the rule printed
+    """Four NCCL errors: two with many channels at a high memory fraction, one with many channels
+    at a low one, one with few channels at a high one. ``NCCL_MIN_NCHANNELS >= 18`` and
+    ``mem_fraction_static >= 0.91`` each cover three of them and no success: the rule printed
     first says the other explains as many, as cleanly."""
     failing = {(20, 0.92), (24, 0.93), (18, 0.6), (2, 0.91)}
 
