@@ -52,22 +52,17 @@ def space_monotone(study: optuna.Study) -> dict[str, dict[str, str]]:
 
 
 def space_bounds(study: optuna.Study) -> dict[str, tuple[float, float]]:
-    """Each numeric parameter's range as the study's trials were given it (their Optuna
-    distributions; a categorical parameter whose choices are all numbers spans them): a crash
-    rule's threshold is said to be shown only up to the value its trials reached when the space
-    goes further (:func:`autotune.crash_rules.rule_reach`)."""
+    """Each numeric parameter's range as the study's finished trials were given it (Optuna's
+    intersection search space of their distributions; a categorical parameter whose choices are
+    all numbers spans them): a crash rule's threshold is said to be shown only up to the value its
+    trials reached when the space goes further (:func:`autotune.crash_rules.rule_reach`)."""
+    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
     out: dict[str, tuple[float, float]] = {}
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
-        for name, dist in t.distributions.items():
-            if isinstance(dist, (optuna.distributions.IntDistribution, optuna.distributions.FloatDistribution)):
-                lo, hi = float(dist.low), float(dist.high)
-            elif isinstance(dist, optuna.distributions.CategoricalDistribution) and dist.choices and \
-                    all(is_number(c) for c in dist.choices):
-                lo, hi = float(min(dist.choices)), float(max(dist.choices))  # type: ignore[type-var]
-            else:
-                continue
-            old = out.get(name, (lo, hi))
-            out[name] = (min(old[0], lo), max(old[1], hi))
+    for name, dist in optuna.search_space.intersection_search_space(trials, include_pruned=True).items():
+        if isinstance(dist, (optuna.distributions.IntDistribution, optuna.distributions.FloatDistribution)):
+            out[name] = (float(dist.low), float(dist.high))
+        elif isinstance(dist, optuna.distributions.CategoricalDistribution) and all(is_number(c) for c in dist.choices):
+            out[name] = (float(min(dist.choices)), float(max(dist.choices)))  # type: ignore[type-var]
     return out
 
 
