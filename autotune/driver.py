@@ -158,7 +158,8 @@ SamplerFactory = Callable[[int | None], optuna.samplers.BaseSampler]
 """Makes a study's sampler from its seed (:func:`derived_seed`): a :class:`Driver` option."""
 
 def make_sampler(kind: str, seed: int | None, *, slots: int = 1,
-                 launched_as: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> optuna.samplers.BaseSampler:
+                 launched_as: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                 monotone: Mapping[str, Mapping[str, str]] | None = None) -> optuna.samplers.BaseSampler:
     """The sampler for a config's ``sampler`` key, for a study run on ``slots`` slots at once.
 
     ``tpe`` (the default) is :class:`~autotune.samplers.CrashAwareTPESampler`: multivariate TPE
@@ -173,7 +174,7 @@ def make_sampler(kind: str, seed: int | None, *, slots: int = 1,
         return optuna.samplers.GPSampler(seed=seed)
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    return CrashAwareTPESampler(seed, slots=slots, launched_as=launched_as)
+    return CrashAwareTPESampler(seed, slots=slots, launched_as=launched_as, monotone=monotone)
 
 
 def startup_timeout(startups: list[float], *, cap_s: float, factor: float, floor_s: float) -> tuple[float, str]:
@@ -271,7 +272,7 @@ class Driver:
         seed = derived_seed(self.config.seed, len(study.trials))
         study.sampler = (self.sampler_factory(seed) if self.sampler_factory is not None
                          else make_sampler(self.config.sampler, seed, slots=self.executor.capacity(),
-                                           launched_as=self._applied))
+                                           launched_as=self._applied, monotone=self.space.monotone()))
         if "config" not in study.user_attrs:
             study.set_user_attr("config", self._stored_config())
             stored: dict[str, Any] = {"name": self.objective.name, "metric": self.objective.metric,

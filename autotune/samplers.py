@@ -31,6 +31,18 @@ a study it proposes the configuration it already measured, again and again.
   late, or hangs until the ready timeout, is avoided more than one that fails in seconds.
 - **No repeats**: a proposal equal to a configuration already launched is redrawn (measuring a
   configuration again is the confirmation runs' job, :mod:`autotune.confirmation`).
+- **Back-offs while nothing has run** (the space's ``monotone:`` declarations, the structure an
+  operator uses on an OOM: lower the memory knobs). Until some trial is measured, TPE has no good
+  trials to model: its "good" group is a few of the failures, and on the Kimi host 3 runs in 10
+  proposed 60 trials around the baseline's out-of-memory ``mem_fraction_static`` and launched
+  nothing that ran. So while no trial is measured, every :data:`PROBE_EVERY`-th proposal is the
+  baseline with each parameter the space declares monotone for a failure kind seen moved to the
+  safe side of every failure of that kind along the way (the failed trials that kept the
+  baseline's other values, the back-offs before it): for ``oom: up``, a value drawn (on the log
+  scale where the parameter has one) below the lowest that ran out of memory; for
+  ``not-enough-memory: down``, above the highest that left too little. Successive back-offs
+  halve the interval, as a bisection does. The other proposals are drawn at random: there is no
+  good trial for TPE to centre on.
 
 A proposal is redrawn up to :data:`MAX_DRAWS` times; then the draw most worth its cost stands,
 so the search is never locked out of the space. TPE's random start-up is :data:`TPE_STARTUP_TRIALS`
@@ -43,7 +55,7 @@ from __future__ import annotations
 import math
 import random
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import optuna
@@ -93,9 +105,14 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
     """
 
     def __init__(self, seed: int | None = None, *, slots: int = 1, avoid_crashes: bool = True,
-                 probes: bool = True, launched_as: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
+                 probes: bool = True, launched_as: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                 monotone: Mapping[str, Mapping[str, str]] | None = None) -> None:
         self.tpe = tpe_sampler(seed, slots=slots)
+        self._random = optuna.samplers.RandomSampler(seed=None if seed is None else seed + 1)
         self.launched_as = launched_as
+        self.monotone = {n: dict(d) for n, d in (monotone or {}).items()}
+        """The space's declarations (parameter -> {failure kind: "up" | "down"}) the back-offs
+        follow; empty: no back-offs."""
         """Raw parameters -> the values launched (the search space's rules repaired), so two
         proposals that launch the same configuration count as a repeat; None: as proposed."""
         self.avoid_crashes = avoid_crashes
@@ -117,11 +134,23 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
                     if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
         incumbent = self._incumbent(study, finished) if self.probes else None
         launched = {self._launch_key(t.params) for t in finished}
+        if self.probes and finished and not any(_measured(t) for t in finished):
+            back_off = self._back_off(finished, search_space) if trial.number % PROBE_EVERY == 1 else None
+            for _ in range(MAX_DRAWS):
+                params = back_off or {n: self._random.sample_independent(study, trial, n, d)
+                                      for n, d in search_space.items()}
+                if self._launch_key(params) not in launched:
+                    return params
+                back_off = self._back_off(finished, search_space) if back_off else None
+            return params
         if incumbent is not None and len(finished) >= PROBE_AFTER and trial.number % PROBE_EVERY == 0:
             name = self._next_parameter(search_space)
+            baseline = next((t.params for t in finished if t.user_attrs.get("baseline")), {})
+            values = [baseline[name]] if name in baseline and baseline[name] != incumbent.params[name] else []
             for rank in range(MAX_DRAWS):
                 probe = {n: incumbent.params[n] for n in search_space}
-                probe[name] = self._least_explored(finished, name, search_space[name], probe[name], rank)
+                probe[name] = (values[rank] if rank < len(values)
+                               else self._least_explored(finished, name, search_space[name], probe[name], rank - len(values)))
                 if self._launch_key(probe) not in launched and (not self.avoid_crashes or self.worth(study, probe) >= 1.0):
                     return probe
             # every probe of this parameter is launched already or in a crash region: TPE's turn
@@ -195,6 +224,57 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
                 pass  # parameters outside the space: compared as proposed
         return _key(params)
 
+    def _back_off(self, finished: list[FrozenTrial], search_space: dict[str, BaseDistribution]) -> dict[str, Any] | None:
+        """The baseline (else the first trial) with each parameter declared monotone for a failure
+        kind of its line moved to the safe side of those failures (module docstring); its line:
+        it and the failed trials with its values on every other parameter. None: it did not fail
+        with a declared kind, or no parameter has room to move."""
+        ref = next((t for t in finished if t.user_attrs.get("baseline")), finished[0])
+        if any(n not in ref.params for n in search_space):
+            return None
+        moving = {n for n in search_space if any(k in self.monotone.get(n, {}) for k in _kinds([ref]))}
+        line = [t for t in finished if t.state == TrialState.PRUNED and all(
+            t.params.get(n) == ref.params[n] for n in search_space if n not in moving)]
+        kinds = _kinds(line)
+        proposal, moved = dict(ref.params), False
+        for name in sorted(moving):
+            dist, declared = search_space[name], self.monotone[name]
+            above = [t.params[name] for t in line if declared.get(_kind(t)) == "down"]
+            below = [t.params[name] for t in line if declared.get(_kind(t)) == "up"]
+            if not (set(declared) & kinds):
+                continue
+            value = self._between(dist, max(above) if above else None, min(below) if below else None)
+            if value is not None:
+                proposal[name], moved = value, True
+        return {n: proposal[n] for n in search_space} if moved else None
+
+    def _between(self, dist: BaseDistribution, lo: Any, hi: Any) -> Any:
+        """A value of ``dist`` strictly between ``lo`` and ``hi`` (None: the range's end), drawn
+        uniformly (on the log scale where it has one; a categorical: among its numeric choices in
+        order); None where there is none."""
+        if isinstance(dist, CategoricalDistribution):
+            numbers = [c for c in dist.choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
+            inside = [c for c in numbers if (lo is None or c > lo) and (hi is None or c < hi)]
+            return self._rng.choice(inside) if inside else None
+        assert isinstance(dist, (IntDistribution, FloatDistribution))
+        low = dist.low if lo is None else lo
+        high = dist.high if hi is None else hi
+        step = dist.step if dist.step is not None else (1 if isinstance(dist, IntDistribution) else None)
+        if step is not None:  # the grid's points strictly inside
+            first = dist.low + math.floor((low - dist.low) / step + 1e-9) * step + (step if lo is not None else 0)
+            last = dist.low + math.ceil((high - dist.low) / step - 1e-9) * step - (step if hi is not None else 0)
+            if first > last + 1e-9:
+                return None
+        scale, unscale = (math.log, math.exp) if dist.log else (float, float)
+        for _ in range(MAX_DRAWS):
+            x = unscale(self._rng.uniform(scale(low), scale(high)))
+            if step is not None:
+                x = min(last, max(first, dist.low + round((x - dist.low) / step) * step))
+                x = int(round(x)) if isinstance(dist, IntDistribution) else round(x, 10)
+            if (lo is None or x > lo) and (hi is None or x < hi):
+                return x
+        return None
+
     @staticmethod
     def _incumbent(study: optuna.Study, finished: list[FrozenTrial]) -> FrozenTrial | None:
         if len(study.directions) > 1:
@@ -251,6 +331,22 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
             x = dist.low + round((x - dist.low) / dist.step) * dist.step
             return min(dist.high, max(dist.low, round(x, 10)))
         return min(dist.high, max(dist.low, x))
+
+
+def _measured(t: FrozenTrial) -> bool:
+    """A trial whose configuration ran (measured, feasible or not by the objective's constraints,
+    or stopped early): something for TPE to model."""
+    return (t.state == TrialState.COMPLETE or t.user_attrs.get("outcome") == "stopped"
+            or t.user_attrs.get("failure_kind") == "slo-violated")
+
+
+def _kind(t: FrozenTrial) -> str | None:
+    """The failure kind of a trial that did not run (None for one that did)."""
+    return None if _measured(t) else t.user_attrs.get("failure_kind")
+
+
+def _kinds(trials: Sequence[FrozenTrial]) -> set[str]:
+    return {k for k in map(_kind, trials) if k}
 
 
 def _key(params: dict[str, Any]) -> tuple[tuple[str, str], ...]:

@@ -4,7 +4,7 @@ trial crashed. Real Optuna studies, trials recorded as the driver records them."
 from __future__ import annotations
 
 import optuna
-from optuna.distributions import CategoricalDistribution, FloatDistribution
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
 from autotune.driver import make_sampler
@@ -163,3 +163,89 @@ def test_a_proposal_that_launches_a_measured_configuration_is_a_repeat_too() -> 
         p = sampler.sample_relative(study, frozen, sampler.infer_relative_search_space(study, frozen))
         assert (p["algo"], min(p["mem"], 0.89)) not in measured, p
         study.tell(trial, state=TrialState.FAIL)
+
+
+BACK_OFF_DISTS = {"algo": CategoricalDistribution(["Ring", "Tree", "unset"]),
+                  "mem": FloatDistribution(0.5, 0.95, step=0.01),
+                  "slots": IntDistribution(16, 1024, log=True)}
+MONOTONE = {"mem": {"oom": "up", "not-enough-memory": "down"}, "slots": {"oom": "up"}}
+
+
+def _failed(study: optuna.Study, params: dict, kind: str, **attrs: object) -> None:
+    study.add_trial(create_trial(params=params, distributions=BACK_OFF_DISTS, state=TrialState.PRUNED,
+                                 user_attrs={"outcome": "infeasible", "feasible": False, "failure_kind": kind,
+                                             "applied": params, **attrs}))
+
+
+def _relative(study: optuna.Study, sampler: CrashAwareTPESampler) -> tuple[int, dict]:
+    trial = study.ask()
+    frozen = study.get_trials(deepcopy=False)[-1]
+    params = sampler.sample_relative(study, frozen, sampler.infer_relative_search_space(study, frozen))
+    study.tell(trial, state=TrialState.FAIL)
+    return trial.number, params
+
+
+def test_while_nothing_has_run_every_second_proposal_backs_off_the_memory_parameters() -> None:
+    """The Kimi host's failure mode: every trial out of memory, TPE centring on the failures. A
+    back-off is the baseline with the parameters declared ``oom: up`` below every OOM of its
+    line (the baseline, and failures that kept its other values: here 0.7 and 60 slots), above
+    the highest ``not-enough-memory`` (0.55; ``slots`` is not declared for it, so its 40 slots
+    bound nothing), the undeclared ``algo`` kept; a trial elsewhere
+    (``algo=Ring``, 0.52 and 20 slots) is not on the line and bounds nothing."""
+    study = optuna.create_study(direction="maximize")
+    _failed(study, {"algo": "unset", "mem": 0.85, "slots": 128}, "oom", baseline=True)
+    _failed(study, {"algo": "Ring", "mem": 0.52, "slots": 20}, "oom")
+    _failed(study, {"algo": "unset", "mem": 0.7, "slots": 60}, "oom")
+    _failed(study, {"algo": "unset", "mem": 0.55, "slots": 40}, "not-enough-memory")
+    sampler = CrashAwareTPESampler(seed=5, monotone=MONOTONE)
+    back_offs, others = [], []
+    for _ in range(12):
+        number, p = _relative(study, sampler)
+        (back_offs if number % 2 == 1 else others).append(p)
+    assert len(back_offs) == 6
+    for p in back_offs:
+        assert p["algo"] == "unset" and 0.55 < p["mem"] < 0.7 and 16 <= p["slots"] < 60, p
+    assert len({(p["mem"], p["slots"]) for p in back_offs}) > 1  # drawn, not one point again
+    # the other proposals are random draws over the space, not TPE centred on the failures
+    assert {p["algo"] for p in others} != {"unset"} and max(p["mem"] for p in others) > 0.7
+    # without declarations there is nothing to back off along: every proposal is drawn at random
+    plain = CrashAwareTPESampler(seed=5)
+    assert any(not (0.55 < p["mem"] < 0.7) for p in (_relative(study, plain)[1] for _ in range(12)))
+
+
+def test_once_a_trial_has_run_there_are_no_back_offs() -> None:
+    study = optuna.create_study(direction="maximize")
+    _failed(study, {"algo": "unset", "mem": 0.85, "slots": 128}, "oom", baseline=True)
+    for i, mem in enumerate((0.9, 0.91, 0.92, 0.93)):  # what ran: all far above the baseline's memory
+        params = {"algo": "Tree", "mem": mem, "slots": 1000 - i}
+        study.add_trial(create_trial(params=params, distributions=BACK_OFF_DISTS, value=10.0 + i,
+                                     user_attrs={"outcome": "ok", "feasible": True, "applied": params}))
+    sampler = CrashAwareTPESampler(seed=5, monotone=MONOTONE)
+    proposals = [_relative(study, sampler)[1] for _ in range(10)]
+    assert all(p for p in proposals)  # TPE's (past its start-up)
+    assert sum(p["mem"] < 0.85 and p["slots"] < 128 for p in proposals) <= 2, proposals
+
+
+def test_a_probe_first_reverts_the_parameter_to_the_baseline() -> None:
+    """A probe of a parameter the best changed from the baseline first tries the baseline's
+    value with the rest of the best (the ablation's question, "did this change help?"): a run
+    that locked in with speculation on, or a small CUDA-graph batch, is one revert from the
+    optimum on the Kimi and H200 hosts (docs/BENCHMARKS.md)."""
+    study = optuna.create_study(direction="maximize")
+    base = {"algo": "unset", "mem": 0.6}
+    study.add_trial(create_trial(params=base, distributions=DISTS, value=500.0,
+                                 user_attrs={"outcome": "ok", "feasible": True, "applied": base, "baseline": True}))
+    for i, mem in enumerate((0.62, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.93)):
+        params = {"algo": ("Ring", "Tree")[i % 2], "mem": mem}
+        study.add_trial(create_trial(params=params, distributions=DISTS, value=1000 - abs(mem - 0.75) * 100,
+                                     user_attrs={"outcome": "ok", "feasible": True, "applied": params}))
+    sampler = CrashAwareTPESampler(seed=4)
+    study.sampler = sampler
+    probes = []
+    for _ in range(4):
+        number, p = _relative(study, sampler)
+        if number % 2 == 0:
+            probes.append(p)
+    best = {"algo": "Tree", "mem": 0.75}
+    assert sorted(probes, key=str) == sorted([{"algo": "unset", "mem": 0.75}, {"algo": "Tree", "mem": 0.6}], key=str)
+    assert all(sum(p[k] != best[k] for k in p) == 1 for p in probes)
