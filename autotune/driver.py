@@ -165,7 +165,8 @@ def make_sampler(kind: str, seed: int | None, *, slots: int = 1,
     ``tpe`` (the default) is :class:`~autotune.samplers.CrashAwareTPESampler`: multivariate TPE
     (constant liar and a shorter start-up with several slots: :func:`~autotune.samplers.tpe_sampler`)
     that redraws proposals falling into a region where every trial crashed, as `autotune bench
-    tuner` compares in docs/BENCHMARKS.md. Each of them runs multi-objective studies too: Optuna
+    tuner` compares in docs/BENCHMARKS.md; ``monotone`` (the space's declarations) is what it
+    backs off along while no trial has run. Each of them runs multi-objective studies too: Optuna
     5's TPE splits such a history by non-domination rank and ranks every trial with a positive
     constraint (PRUNED included) below the feasible ones, the crash regions depend on outcomes
     only, and the GP sampler has a constrained multi-objective acquisition.
