@@ -72,15 +72,20 @@ def test_study_start_uses_the_crash_aware_sampler() -> None:
     assert isinstance(make_sampler("random", 3), optuna.samplers.RandomSampler)
 
 
+def _peaked(study: optuna.Study, mems: tuple[float, ...], algos: tuple[str, ...] | list[str]) -> None:
+    """Measured trials at ``mems`` (``algo`` in turn from ``algos``), the best at 0.75."""
+    for i, mem in enumerate(mems):
+        params = {"algo": algos[i % len(algos)], "mem": mem}
+        study.add_trial(create_trial(params=params, distributions=DISTS, value=1000 - abs(mem - 0.75) * 100,
+                                     user_attrs={"outcome": "ok", "feasible": True, "applied": params}))
+
+
 def test_a_probe_changes_one_parameter_of_the_best_towards_what_was_explored_least() -> None:
     """Past the start-up, an even trial number is a coverage probe: the best measured trial with
     one parameter moved into the part of its range no measured trial has tried (here ``algo``'s
     choices are all tried, so a ``mem`` probe lands in the one empty quarter, 0.5..0.6125)."""
     study = optuna.create_study(direction="maximize")
-    for i, mem in enumerate((0.62, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.93, 0.95)):
-        params = {"algo": DISTS["algo"].choices[i % 3], "mem": mem}
-        study.add_trial(create_trial(params=params, distributions=DISTS, value=1000 - abs(mem - 0.75) * 100,
-                                     user_attrs={"outcome": "ok", "feasible": True, "applied": params}))
+    _peaked(study, (0.62, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.93, 0.95), DISTS["algo"].choices)
     sampler = CrashAwareTPESampler(seed=4)
     study.sampler = sampler
     probes = []
@@ -235,10 +240,7 @@ def test_a_probe_first_reverts_the_parameter_to_the_baseline() -> None:
     base = {"algo": "unset", "mem": 0.6}
     study.add_trial(create_trial(params=base, distributions=DISTS, value=500.0,
                                  user_attrs={"outcome": "ok", "feasible": True, "applied": base, "baseline": True}))
-    for i, mem in enumerate((0.62, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.93)):
-        params = {"algo": ("Ring", "Tree")[i % 2], "mem": mem}
-        study.add_trial(create_trial(params=params, distributions=DISTS, value=1000 - abs(mem - 0.75) * 100,
-                                     user_attrs={"outcome": "ok", "feasible": True, "applied": params}))
+    _peaked(study, (0.62, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.93), ("Ring", "Tree"))
     sampler = CrashAwareTPESampler(seed=4)
     study.sampler = sampler
     probes = []
