@@ -110,11 +110,11 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         self.tpe = tpe_sampler(seed, slots=slots)
         self._random = optuna.samplers.RandomSampler(seed=None if seed is None else seed + 1)
         self.launched_as = launched_as
+        """Raw parameters -> the values launched (the search space's rules repaired), so two
+        proposals that launch the same configuration count as a repeat; None: as proposed."""
         self.monotone = {n: dict(d) for n, d in (monotone or {}).items()}
         """The space's declarations (parameter -> {failure kind: "up" | "down"}) the back-offs
         follow; empty: no back-offs."""
-        """Raw parameters -> the values launched (the search space's rules repaired), so two
-        proposals that launch the same configuration count as a repeat; None: as proposed."""
         self.avoid_crashes = avoid_crashes
         self.probes = probes
         self._rng = random.Random(seed)
