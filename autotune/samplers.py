@@ -63,6 +63,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.analysis import analysed_views, failure_rules
+from autotune.crash_rules import is_number
 
 TPE_STARTUP_TRIALS = 4
 """Random trials before TPE models the study (serial; see :func:`tpe_sampler` for parallel)."""
@@ -235,13 +236,12 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         moving = {n for n in search_space if any(k in self.monotone.get(n, {}) for k in _kinds([ref]))}
         line = [t for t in finished if t.state == TrialState.PRUNED and all(
             t.params.get(n) == ref.params[n] for n in search_space if n not in moving)]
-        kinds = _kinds(line)
         proposal, moved = dict(ref.params), False
         for name in sorted(moving):
             dist, declared = search_space[name], self.monotone[name]
             above = [t.params[name] for t in line if declared.get(_kind(t)) == "down"]
             below = [t.params[name] for t in line if declared.get(_kind(t)) == "up"]
-            if not (set(declared) & kinds):
+            if not above and not below:  # no failure of its line is of a kind declared for it
                 continue
             value = self._between(dist, max(above) if above else None, min(below) if below else None)
             if value is not None:
@@ -253,13 +253,12 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         uniformly (on the log scale where it has one; a categorical: among its numeric choices in
         order); None where there is none."""
         if isinstance(dist, CategoricalDistribution):
-            numbers = [c for c in dist.choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
-            inside = [c for c in numbers if (lo is None or c > lo) and (hi is None or c < hi)]
+            inside = [c for c in dist.choices if is_number(c) and (lo is None or c > lo) and (hi is None or c < hi)]
             return self._rng.choice(inside) if inside else None
         assert isinstance(dist, (IntDistribution, FloatDistribution))
         low = dist.low if lo is None else lo
         high = dist.high if hi is None else hi
-        step = dist.step if dist.step is not None else (1 if isinstance(dist, IntDistribution) else None)
+        step = dist.step  # an IntDistribution's is at least 1
         if step is not None:  # the grid's points strictly inside
             first = dist.low + math.floor((low - dist.low) / step + 1e-9) * step + (step if lo is not None else 0)
             last = dist.low + math.ceil((high - dist.low) / step - 1e-9) * step - (step if hi is not None else 0)
@@ -269,8 +268,7 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         for _ in range(MAX_DRAWS):
             x = unscale(self._rng.uniform(scale(low), scale(high)))
             if step is not None:
-                x = min(last, max(first, dist.low + round((x - dist.low) / step) * step))
-                x = int(round(x)) if isinstance(dist, IntDistribution) else round(x, 10)
+                x = _snap(dist, min(last, max(first, x)))
             if (lo is None or x > lo) and (hi is None or x < hi):
                 return x
         return None
@@ -323,14 +321,16 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         order = sorted((c, self._rng.random(), i) for i, c in enumerate(counts) if i != bin_of(current))
         i = order[rank % len(order)][2]
         y = self._rng.uniform(lo + (hi - lo) * i / PROBE_BINS, lo + (hi - lo) * (i + 1) / PROBE_BINS)
-        x = math.exp(y) if dist.log else y
-        if isinstance(dist, IntDistribution):
-            step = dist.step
-            return min(dist.high, max(dist.low, dist.low + round((x - dist.low) / step) * step))
-        if dist.step is not None:
-            x = dist.low + round((x - dist.low) / dist.step) * dist.step
-            return min(dist.high, max(dist.low, round(x, 10)))
-        return min(dist.high, max(dist.low, x))
+        return _snap(dist, math.exp(y) if dist.log else y)
+
+
+def _snap(dist: IntDistribution | FloatDistribution, x: float) -> Any:
+    """``x`` on ``dist``'s grid (an int, or a float on its step) and inside its range."""
+    if isinstance(dist, IntDistribution):
+        return min(dist.high, max(dist.low, dist.low + round((x - dist.low) / dist.step) * dist.step))
+    if dist.step is not None:
+        x = round(dist.low + round((x - dist.low) / dist.step) * dist.step, 10)
+    return min(dist.high, max(dist.low, x))
 
 
 def _measured(t: FrozenTrial) -> bool:
