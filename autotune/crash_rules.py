@@ -41,7 +41,16 @@ cover:
    of the precision, which weighs purity and support together, then the most failures net of
    what counts against, then the tightest --, over the trials no earlier rule covers: its
    failures are then explained and its trials leave the pool, so a later rule is judged only on
-   what is left, and a rule whose failures another explains is never printed. Also measured and
+   what is left, and a rule whose failures another explains is never printed. **A rule whose
+   failures divide between causes is not taken**: when a one-condition rule that some trial of
+   the study counts against would take failures of which a condition on another parameter
+   explains some as surely over the whole study (an acceptable candidate there, going with the
+   failures on its own at ``alpha_alone``), leaving it fewer than ``min_support`` of its own, the
+   data show two causes each too thin for a rule, not one: the next candidate is tried. On the
+   Kimi host ``cuda_graph_max_bs >= 94 -> oom (6 of 7)`` took three OOMs of three causes (8 and
+   6 draft tokens, a batch of 256 at 480 requests), one of them also under a memory fraction at
+   the boundary; the model gave it 0.26. A clean rule (nothing against it) is kept: every Tree
+   trial failed, whether or not its buffers would have crashed too. Also measured and
    not kept: taking, of the surest few, the one that leaves the most failures to the others (it
    recovered a Tree rule whose trials a channels threshold had taken, but as often preferred a
    threshold over the failures of two causes, which the model then refuted).
@@ -387,6 +396,8 @@ class _Cover:
         self.active = np.ones(len(kind_fail), dtype=bool)
         self.every = np.arange(len(conds))
         self.bounds = bounds
+        self.banned: set[int] = set()
+        """One-condition rules whose failures divide between causes (:meth:`split`)."""
 
     # -- counts and chances ----------------------------------------------------------------------
     def stats(self, rows_a: np.ndarray, rows_b: np.ndarray | None = None,
@@ -468,7 +479,8 @@ class _Cover:
         ``MAX_RIVALS``), or ``[]``; and every condition's counts."""
         counts = self.stats(self.every)
         fail, agn, nag, cov = counts
-        ranked = self.pick(fail, agn, nag, cov, ALPHA, family=True, count=MAX_RANKED)
+        ranked = self.pick(fail, agn, nag, cov, ALPHA, family=True, count=MAX_RANKED,
+                           extra_ok=(lambda j: j not in self.banned) if self.banned else None)
         if not ranked:
             return [], counts
 
@@ -543,6 +555,28 @@ class _Cover:
         ranked = sorted(found.values(), key=lambda pos: (cov[pos], cand[pos]))
         return idx, mask, [int(cand[pos]) for pos in ranked[:MAX_RIVALS]]
 
+    def split(self, j: int) -> bool:
+        """Whether one-condition rule ``j``'s failures divide between causes (the module
+        docstring, step 4): some trial of the study counts against it (it is not clean), and a
+        condition on another parameter explains some of its failures among the active rows but
+        not all, leaving it fewer than ``MIN_SUPPORT`` of its own, while being over all the rows
+        an acceptable candidate at least as sure as ``j`` that goes with the failures on its own
+        (chance at most ``ALPHA_ALONE``)."""
+        every = np.ones(len(self.kind_fail), dtype=bool)
+        if float(self.stats(np.array([j]), act=every)[1][0]) == 0.0:
+            return False  # clean: whatever else the failures had, every trial it covers failed
+        own = self.masks[j] & self.kind_fail & self.active
+        inside = self.masks[:, own].sum(axis=1)
+        n_own = int(own.sum())
+        cand = np.flatnonzero((inside > 0) & (inside < n_own) & (n_own - inside < MIN_SUPPORT)
+                              & (self.params_of != self.params_of[j]))
+        if not len(cand):
+            return False
+        fail, agn, nag, _ = self.stats(cand, act=every)
+        fail_j, agn_j, _, _ = self.stats(np.array([j]))
+        sure = _wilson_low(fail, fail + agn) >= _wilson_low(fail_j[0], fail_j[0] + agn_j[0]) - 1e-9
+        return bool((self.valid(fail, agn) & sure & (self.chance(fail, nag, every) <= ALPHA_ALONE)).any())
+
     def run(self) -> list[Chosen]:
         """The rules, in the order taken."""
         chosen: list[Chosen] = []
@@ -550,6 +584,9 @@ class _Cover:
             return chosen
         while int((self.kind_fail & self.active).sum()) >= MIN_SUPPORT:
             ranked, counts = self.single()
+            while ranked and self.split(ranked[0]):
+                self.banned.add(ranked[0])
+                ranked, counts = self.single()
             j = ranked[0] if ranked else None
             best_single = float(_wilson_low(counts[0][j], counts[0][j] + counts[1][j])) if j is not None else -np.inf
             pair = self.pair(counts, best_single)

@@ -517,3 +517,54 @@ def test_a_rule_names_the_conditions_the_trials_do_not_choose_from(tmp_path: Pat
     assert rule["as_sure"] == [f"{c['param']} {c['op']} {c['value']}" for c in rule["as_sure_conditions"]]
     text = autotune("study", "explain", "as-sure", "--storage", f"sqlite:///{tmp_path}/studies.db", cwd=tmp_path).stdout
     assert f"or as surely {rule['as_sure'][0]}: these trials do not choose" in " ".join(text.split())
+
+
+def test_failures_of_several_causes_make_no_rule_on_a_bystander(tmp_path: Path) -> None:
+    """Three OOMs share large CUDA-graph batches (``cuda_graph_max_bs`` 400), and only a Tree
+    crash -- which could have pre-empted an OOM -- stands against it; but two of them had 8 draft
+    tokens, which ran out of memory in every trial that had them, and the third ran 700 requests.
+    The batch limit is a bystander of two causes, each shown by too few failures for a rule: no
+    rule on it, and those three failures stay unexplained."""
+    def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
+        if p["NCCL_ALGO"] == "Tree":
+            return "nccl-error", 0.0
+        if (p["mem_fraction_static"] >= 0.9 or p["speculative_num_draft_tokens"] == 8
+                or (p["cuda_graph_max_bs"] >= 300 and p["max_running_requests"] >= 600)):
+            return "oom", 0.0
+        return None, _throughput(p, rng)
+
+    base = {"NCCL_ALGO": "unset", "speculative_num_draft_tokens": "unset", "cuda_graph_max_bs": 64,
+            "max_running_requests": 64, "mem_fraction_static": 0.6}
+    too_much = [{**base, "mem_fraction_static": m} for m in (0.9, 0.91, 0.92, 0.93, 0.94, 0.95, 0.9, 0.93)]
+    too_much.append({**base, "mem_fraction_static": 0.92, "speculative_num_draft_tokens": 8})
+    bystander = [{**base, "cuda_graph_max_bs": 400, "speculative_num_draft_tokens": 8}] * 2
+    bystander += [{**base, "cuda_graph_max_bs": 400, "max_running_requests": 700},
+                  {**base, "cuda_graph_max_bs": 400, "NCCL_ALGO": "Tree"}]
+    fine = [{**base, "mem_fraction_static": m, "cuda_graph_max_bs": c, "max_running_requests": r,
+             "speculative_num_draft_tokens": s}
+            for m, c, r, s in zip((0.6, 0.7, 0.8, 0.85) * 5, (8, 32, 128, 200, 96) * 4, (16, 64, 256, 500) * 5,
+                                  ("unset", 2, 3, "unset", 2) * 4)]
+    study, _ = _study(tmp_path, "bystander", 0, judge, fixed=too_much + bystander + fine)
+    doc = explain(study)
+    assert _rules(doc) == ["mem_fraction_static >= 0.9 -> oom (9 of 9)"]
+    by_number = {t.number: t.user_attrs["applied"] for t in study.trials}
+    left = doc["unexplained_failures"]["trials"]
+    assert [by_number[n]["cuda_graph_max_bs"] for n in left] == [400] * 4  # the three OOMs and the Tree crash
+    assert doc["unexplained_failures"]["kinds"] == {"oom": 3, "nccl-error": 1}
+
+
+def test_a_clean_rule_keeps_failures_another_cause_shares(tmp_path: Path) -> None:
+    """Three Tree trials all crashed; two of them also had 16 MiB buffers, which crashed in every
+    trial that had them (three more, taken first by the channels rule). No trial stands against
+    Tree, so the buffers' share does not part it: the Tree rule is stated with all three."""
+    def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
+        failed = p["NCCL_ALGO"] == "Tree" or p["NCCL_BUFFSIZE"] >= 8 * MIB or p["NCCL_MIN_NCHANNELS"] >= 16
+        return ("nccl-error", 0.0) if failed else (None, _throughput(p, rng))
+
+    base = {"NCCL_ALGO": "unset", "NCCL_BUFFSIZE": MIB, "NCCL_MIN_NCHANNELS": 2, "NCCL_MAX_NCHANNELS": 32}
+    channels = [{**base, "NCCL_MIN_NCHANNELS": 20}] * 6 + [{**base, "NCCL_MIN_NCHANNELS": 20, "NCCL_BUFFSIZE": 16 * MIB}] * 3
+    tree = [{**base, "NCCL_ALGO": "Tree"}] + [{**base, "NCCL_ALGO": "Tree", "NCCL_BUFFSIZE": 16 * MIB}] * 2
+    fine = [{**base, "NCCL_ALGO": a, "NCCL_BUFFSIZE": b} for a in ("unset", "Ring") for b in (MIB // 4, MIB, 4 * MIB)] * 3
+    study, _ = _study(tmp_path, "clean", 0, judge, fixed=[*channels, *tree, *fine])
+    rules = [r.split(";")[0].rstrip(")") + ")" for r in _rules(explain(study))]  # without the scopes
+    assert rules == ["NCCL_MIN_NCHANNELS >= 20 -> nccl-error (9 of 9)", "NCCL_ALGO=Tree -> nccl-error (3 of 3)"]
