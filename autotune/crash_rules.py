@@ -397,7 +397,8 @@ class _Cover:
         self.every = np.arange(len(conds))
         self.bounds = bounds
         self.banned: set[int] = set()
-        """One-condition rules whose failures divide between causes (:meth:`split`)."""
+        """One-condition rules whose failures divide between causes (:meth:`split`); refused for
+        the rest of the cover: rows only leave the pool, so their own failures only shrink."""
 
     # -- counts and chances ----------------------------------------------------------------------
     def stats(self, rows_a: np.ndarray, rows_b: np.ndarray | None = None,
@@ -472,12 +473,12 @@ class _Cover:
                     break
         return out
 
-    def single(self) -> tuple[list[int], tuple[np.ndarray, ...]]:
+    def single(self, counts: tuple[np.ndarray, ...] | None = None) -> tuple[list[int], tuple[np.ndarray, ...]]:
         """The one-condition rule this step would take (the surest acceptable one) followed by
         the acceptable conditions on other parameters exactly as sure (the same lower bound of
         the precision and the same failures net of what counts against; at most
         ``MAX_RIVALS``), or ``[]``; and every condition's counts."""
-        counts = self.stats(self.every)
+        counts = self.stats(self.every) if counts is None else counts  # given: the active rows unchanged
         fail, agn, nag, cov = counts
         ranked = self.pick(fail, agn, nag, cov, ALPHA, family=True, count=MAX_RANKED,
                            extra_ok=(lambda j: j not in self.banned) if self.banned else None)
@@ -555,15 +556,16 @@ class _Cover:
         ranked = sorted(found.values(), key=lambda pos: (cov[pos], cand[pos]))
         return idx, mask, [int(cand[pos]) for pos in ranked[:MAX_RIVALS]]
 
-    def split(self, j: int) -> bool:
-        """Whether one-condition rule ``j``'s failures divide between causes (the module
+    def split(self, j: int, counts: tuple[np.ndarray, ...]) -> bool:
+        """Whether one-condition rule ``j`` (``counts``: every condition's over the active rows,
+        as :meth:`single` gives them) has failures that divide between causes (the module
         docstring, step 4): some trial of the study counts against it (it is not clean), and a
         condition on another parameter explains some of its failures among the active rows but
         not all, leaving it fewer than ``MIN_SUPPORT`` of its own, while being over all the rows
         an acceptable candidate at least as sure as ``j`` that goes with the failures on its own
         (chance at most ``ALPHA_ALONE``)."""
-        every = np.ones(len(self.kind_fail), dtype=bool)
-        if float(self.stats(np.array([j]), act=every)[1][0]) == 0.0:
+        all_rows = np.ones(len(self.kind_fail), dtype=bool)
+        if float(self.stats(np.array([j]), act=all_rows)[1][0]) == 0.0:
             return False  # clean: whatever else the failures had, every trial it covers failed
         own = self.masks[j] & self.kind_fail & self.active
         inside = self.masks[:, own].sum(axis=1)
@@ -572,10 +574,9 @@ class _Cover:
                               & (self.params_of != self.params_of[j]))
         if not len(cand):
             return False
-        fail, agn, nag, _ = self.stats(cand, act=every)
-        fail_j, agn_j, _, _ = self.stats(np.array([j]))
-        sure = _wilson_low(fail, fail + agn) >= _wilson_low(fail_j[0], fail_j[0] + agn_j[0]) - 1e-9
-        return bool((self.valid(fail, agn) & sure & (self.chance(fail, nag, every) <= ALPHA_ALONE)).any())
+        fail, agn, nag, _ = self.stats(cand, act=all_rows)
+        sure = _wilson_low(fail, fail + agn) >= _wilson_low(counts[0][j], counts[0][j] + counts[1][j]) - 1e-9
+        return bool((self.valid(fail, agn) & sure & (self.chance(fail, nag, all_rows) <= ALPHA_ALONE)).any())
 
     def run(self) -> list[Chosen]:
         """The rules, in the order taken."""
@@ -584,9 +585,9 @@ class _Cover:
             return chosen
         while int((self.kind_fail & self.active).sum()) >= MIN_SUPPORT:
             ranked, counts = self.single()
-            while ranked and self.split(ranked[0]):
+            while ranked and self.split(ranked[0], counts):
                 self.banned.add(ranked[0])
-                ranked, counts = self.single()
+                ranked, counts = self.single(counts)
             j = ranked[0] if ranked else None
             best_single = float(_wilson_low(counts[0][j], counts[0][j] + counts[1][j])) if j is not None else -np.inf
             pair = self.pair(counts, best_single)
