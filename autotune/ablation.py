@@ -1,7 +1,7 @@
 """Ablation: which of the best trial's changes earned its gain over the baseline.
 
 :func:`plan` lists the runs: the baseline and the best configuration again, and the best with
-each changed parameter reverted to its baseline value, one at a time, each ``repeats`` times.
+each changed parameter reverted to its baseline value, one at a time, in ``repeats`` rounds.
 They run as ordinary trials of the same study (enqueued, tagged with the user attr
 ``ablation = {"run", "label"}``), so they are measured, recorded and shown like any other trial.
 :func:`analyse` then reads them back: a parameter's share of the gain is
@@ -72,7 +72,10 @@ def plan(study: optuna.Study, repeats: int) -> tuple[str, list[Run], FrozenTrial
                          "configuration; there is no gain to attribute")
     runs = [Run("baseline", dict(base.params)), Run("best", dict(best.params))]
     runs += [Run(f"revert:{k}", {**best.params, k: base.params[k]}) for k in changed if k in base.params]
-    return uuid.uuid4().hex[:12], [r for r in runs for _ in range(repeats)], best, base
+    # In rounds (every run once, then again), not each run's repeats back to back: on several
+    # slots, back-to-back repeats run at the same time as each other, so a load on the host biases
+    # all of them alike and their spread does not show it; in rounds each repeat meets other company.
+    return uuid.uuid4().hex[:12], [r for _ in range(repeats) for r in runs], best, base
 
 
 def enqueue(study: optuna.Study, run_id: str, runs: list[Run]) -> None:
