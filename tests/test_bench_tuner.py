@@ -21,7 +21,8 @@ import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from autotune.bench_tuner import BENCH_ENV, Setup, StudyTask, StudyTrace, _Clock, _trace, scratch_dir, summarize
+from autotune.bench_tuner import (BENCH_ENV, BenchOptions, Setup, StudyTask, StudyTrace, _Clock, _trace, goals, scratch_dir,
+                                  summarize)
 from autotune.driver import Driver, make_sampler
 from autotune.errors import UsageError
 from autotune.model_executor import ModelExecutor, model_workload
@@ -275,12 +276,32 @@ def test_runs_that_never_reach_count_as_infinite() -> None:
                                             ([0.5, 0.5, 0.5, 0.95], [False] * 4),
                                             ([0.0, 0.0, 0.5, 0.5], [True, True, False, False])])]
     s = summarize(traces, trials=4, gpus=2)
-    assert s["trials_to"]["95"] == {"q1": 3.0, "median": 4.0, "q3": None, "reached": 2}
+    # at least: the run that never got there counted at its 4 trials + 1, its 8 GPU-hours
+    assert s["trials_to"]["95"] == {"q1": 3.0, "median": 4.0, "q3": None, "reached": 2, "at_least": 4.0}
     assert s["gpu_hours_to"]["95"]["median"] == 8.0  # 4 trials of an hour on 2 GPUs
+    assert s["trials_to"]["98"]["at_least"] == 5.0 and s["gpu_hours_to"]["98"]["at_least"] == 8.0
     assert s["trials_to"]["98"]["reached"] == 1 and s["trials_to"]["98"]["median"] is None
     assert s["never_90"] == {"within": 4, "runs": 1}
     assert s["infeasible_share"]["median"] == 0.25
     assert "10" not in s["best_over_optimum_after"]  # a checkpoint past the budget is not reported
+
+
+def test_a_goal_against_a_strategy_that_never_got_there_is_met_only_below_what_it_spent() -> None:
+    def runs(ratio: list[float]) -> dict:
+        return summarize([StudyTrace(GLM, "s", i, ratio=ratio, seconds=[3600.0] * len(ratio),
+                                     infeasible=[False] * len(ratio), driver_s=[0.01] * len(ratio)) for i in range(3)],
+                         trials=len(ratio), gpus=2)
+
+    mine = runs([0.5, 0.5, 0.5, 0.96] + [0.96] * 8)  # 95% at trial 4: 8 GPU-hours
+    opts = BenchOptions(scenarios=(GLM,), trials=12)
+    long, short = runs([0.5] * 12), runs([0.5] * 6)  # never 95%: more than 12 (24 GPU-h) or 6 (12 GPU-h)
+    met = goals({"autotune": mine, "random": long, "tpe-naive": long}, opts)
+    assert met["trials_to_95_vs_random"]["met"] is True, met  # 4 <= 13 / 3
+    assert met["gpu_hours_to_95_vs_tpe_naive"]["met"] is True, met  # 8 <= 24 / 2
+    undecided = goals({"autotune": mine, "random": short, "tpe-naive": short}, opts)
+    assert undecided["trials_to_95_vs_random"]["met"] is None  # 4 > 7 / 3: a longer run would decide
+    assert undecided["gpu_hours_to_95_vs_tpe_naive"]["met"] is None  # 8 > 12 / 2
+    assert "more than 7" in undecided["trials_to_95_vs_random"]["detail"]
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -342,6 +363,6 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, args: list[str], fragme
 def test_quantiles_of_a_single_run_are_that_run() -> None:
     trace = StudyTrace(GLM, "s", 0, ratio=[0.2, 0.91], seconds=[10.0, 20.0], infeasible=[False, False], driver_s=[0.1, 0.1])
     s = summarize([trace], trials=2, gpus=8)
-    assert s["trials_to"]["90"] == {"q1": 2.0, "median": 2.0, "q3": 2.0, "reached": 1}
+    assert s["trials_to"]["90"] == {"q1": 2.0, "median": 2.0, "q3": 2.0, "reached": 1, "at_least": 2.0}
     assert s["gpu_hours_to"]["90"]["median"] == pytest.approx(30.0 * 8 / 3600)
     assert math.isclose(s["best_over_optimum_final"]["median"], 0.91)
