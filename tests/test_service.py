@@ -38,7 +38,8 @@ def _eventually(what: str, probe: Callable[[], T | None], timeout_s: float = 120
 
 
 def _trials(storage: str) -> list[FrozenTrial]:
-    return optuna.load_study(study_name=NAME, storage=storage).get_trials(deepcopy=False)
+    # open_storage: the detached driver may be creating the database (it retries the race)
+    return optuna.load_study(study_name=NAME, storage=open_storage(storage)).get_trials(deepcopy=False)
 
 
 def _status(tmp: Path, storage: str) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from autotune.config import StudyConfig
 from autotune.model_executor import ModelExecutor
 from autotune.objective import Objective
 from autotune.runner import TrialSpec
+from autotune.storage import open_storage
 
 SCENARIO = "rtx6000-pcie-glm5"
 SMALL_LOAD = {"load": {"concurrency": 32, "num_prompts": 64, "input_len": 64, "output_len": 16, "warmup_prompts": 2}}
@@ -134,7 +135,9 @@ def test_killed_driver_leaves_nothing_behind_after_resume(tmp_path: Path) -> Non
     while time.monotonic() < deadline and pgid is None:
         time.sleep(0.5)
         try:
-            study = optuna.load_study(study_name="kill", storage=storage)
+            # open_storage: the driver may be creating the database right now (a race on CREATE
+            # TABLE that Optuna's own constructor does not retry)
+            study = optuna.load_study(study_name="kill", storage=open_storage(storage))
         except KeyError:
             continue
         running = [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
