@@ -634,16 +634,15 @@ def summarize(traces: Sequence[StudyTrace], trials: int, gpus: int) -> dict[str,
     for target in TARGETS:
         key = f"{round(target * 100)}"
         firsts = [_first(t.ratio, target) for t in traces]
+        reached = sum(f is not None for f in firsts)
         # "at_least": the median with a run that never got there counted at what it spent without
         # getting there (its trials + 1, its GPU-hours): a lower bound on what it needed
-        to_trials[key] = {**quartiles([math.inf if f is None else f for f in firsts]),
-                          "reached": sum(f is not None for f in firsts),
-                          "at_least": quartiles([len(t.ratio) + 1 if f is None else f
-                                                 for t, f in zip(traces, firsts)])["median"]}
-        hours = [math.inf if f is None else sum(t.seconds[:f]) * gpus / 3600 for t, f in zip(traces, firsts)]
-        spent = [sum(t.seconds) * gpus / 3600 if f is None else h for t, f, h in zip(traces, firsts, hours)]
-        to_hours[key] = {**quartiles(hours), "reached": sum(f is not None for f in firsts),
-                         "at_least": quartiles(spent)["median"]}
+        trials_spent = [len(t.ratio) + 1 if f is None else f for t, f in zip(traces, firsts)]
+        hours_spent = [sum(t.seconds[:f]) * gpus / 3600 for t, f in zip(traces, firsts)]  # [:None]: all
+        to_trials[key] = {**quartiles([math.inf if f is None else n for f, n in zip(firsts, trials_spent)]),
+                          "reached": reached, "at_least": quartiles(trials_spent)["median"]}
+        to_hours[key] = {**quartiles([math.inf if f is None else h for f, h in zip(firsts, hours_spent)]),
+                         "reached": reached, "at_least": quartiles(hours_spent)["median"]}
     out["trials_to"] = to_trials
     out["gpu_hours_to"] = to_hours
     out["infeasible_share"] = quartiles([sum(t.infeasible) / len(t.infeasible) for t in traces])
