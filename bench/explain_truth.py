@@ -24,11 +24,18 @@ Two study designs per built-in scenario:
   host, where the report fixes 0.92) ``mem_fraction_static`` near the known-good value: where the
   planted crashes live.
 
-Then ``autotune.analysis.explain`` runs on each study and is scored:
+Then ``autotune.analysis.explain`` runs on each study and is scored, the 30-trial studies and
+the longer ones (``--long-studies``, ``--long-trials``) apart:
 
 - **planted behaviours**: whether a printed rule states each behaviour the scenarios plant, out
-  of the studies whose trials showed it at least ``MIN_SUPPORT`` times (the model says why each
-  trial failed: see :func:`cause`; with fewer failures there can be no rule, by design);
+  of the studies whose trials showed it at least ``MIN_SUPPORT`` times with one failure kind
+  (the model says why each trial failed: see :func:`cause`; a rule is of one kind, and with fewer
+  failures there can be no rule, by design). The channels x ``mem_fraction_static`` interaction
+  is shown by a failure that both parameters caused: the same point at the lowest
+  ``mem_fraction_static`` searched runs, and with the channel count left to NCCL does not fail
+  that way. A rule on channels alone whose scope says it was shown only with a high
+  ``mem_fraction_static`` (the space declares it monotone for ``oom``) states it in part, and is
+  counted apart;
 - **false rules**: each printed rule is checked against the model by intervention: in every
   finished trial of the study (the configurations the study explored) the rule's parameters are
   set to random values satisfying it, 8 draws each, with a control drawn so that it does not
@@ -40,7 +47,7 @@ Then ``autotune.analysis.explain`` runs on each study and is scored:
   ("shown only with NCCL_MIN_NCHANNELS >= 8") is checked in the explored configurations within
   it;
 - **num_continuous_decode_steps** (read by no SGLang code; the model ignores it): the verdict on
-  its importance for the objective, at 30 trials and in longer studies (``--long-trials``);
+  its importance for the objective;
 - **no-effect claims**: every "no measurable effect" on the objective is checked by the model
   over the values it states (``matched.over``): in up to 24 feasible trials with one of them, the
   parameter alone is set to up to 4 others; the claim is false when the mean relative change of
@@ -57,6 +64,7 @@ import statistics
 import sys
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
@@ -199,6 +207,16 @@ def mfs_matters(d: Design, params: dict[str, Any]) -> bool:
     return outcome(d, params)[0] != "ok" and outcome(d, {**params, "mem_fraction_static": low})[0] == "ok"
 
 
+def channels_matter(d: Design, params: dict[str, Any], kind: str) -> bool:
+    """The point fails with ``kind``, and the same point with the channel count left to NCCL (the
+    host's default: ``NCCL_MIN_NCHANNELS=1``, ``NCCL_MAX_NCHANNELS=64``) does not."""
+    named = [p for p in ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS") if p in d.space.parameters]
+    if not named:
+        return False
+    default = {**params, **{p: 1 if p == "NCCL_MIN_NCHANNELS" else 64 for p in named}}
+    return outcome(d, params)[0] == kind and outcome(d, default)[0] != kind
+
+
 def run_study(d: Design, seed: int, trials: int, sampler: str = "tpe") -> optuna.Study:
     """One study as the driver runs it (see the module docstring), in memory: the baseline, then
     ``trials`` more."""
@@ -330,11 +348,13 @@ def _channels(conds: list[dict[str, Any]]) -> bool:
 @dataclass(frozen=True)
 class Behaviour:
     """A planted behaviour: ``shown`` tells whether one failed trial shows it (by the model's reason
-    for the failure), ``stated`` whether a rule (its kind and conditions) states it."""
+    for the failure), ``stated`` whether a rule (its kind and conditions) states it, ``scoped``
+    (counted apart) whether a rule states it in part, the rest in its scope ("shown only with")."""
 
     name: str
     shown: Callable[[Design, dict[str, Any], str], bool]
     stated: Callable[[str, list[dict[str, Any]]], bool]
+    scoped: Callable[[str, list[dict[str, Any]], list[dict[str, Any]]], bool] | None = None
 
 
 BEHAVIOURS = (
@@ -347,8 +367,9 @@ BEHAVIOURS = (
               and (_mentions(c, "NCCL_MIN_NCHANNELS", ">=") or _mentions(c, "NCCL_BUFFSIZE", ">="))),
     Behaviour("channels x mem_fraction_static (memory): a rule over a channels parameter and mem_fraction_static",
               shown=lambda d, p, k: k in ("nccl-error", "oom") and cause(d, p) in ("nccl-buffers", "graph-low-channels")
-              and mfs_matters(d, p),
-              stated=lambda k, c: k in ("nccl-error", "oom") and _channels(c) and _mentions(c, "mem_fraction_static")),
+              and mfs_matters(d, p) and channels_matter(d, p, k),
+              stated=lambda k, c: k in ("nccl-error", "oom") and _channels(c) and _mentions(c, "mem_fraction_static"),
+              scoped=lambda k, c, s: k in ("nccl-error", "oom") and _channels(c) and _mentions(s, "mem_fraction_static", ">=")),
 )
 
 
@@ -357,6 +378,7 @@ BEHAVIOURS = (
 class Score:
     scenario: str
     design: str
+    trials_each: int
     studies: int = 0
     trials: int = 0
     failures: int = 0
@@ -370,7 +392,6 @@ class Score:
     untestable: list[dict[str, Any]] = field(default_factory=list)
     rule_rates: list[float] = field(default_factory=list)
     ncds: dict[str, int] = field(default_factory=dict)
-    ncds_long: dict[str, int] = field(default_factory=dict)
     no_effect_claims: int = 0
     false_no_effect: list[dict[str, Any]] = field(default_factory=list)
 
@@ -382,7 +403,7 @@ def _verdict(doc: dict[str, Any]) -> str:
     return (part["params"].get(NCDS) or {}).get("verdict", "absent")
 
 
-def score_study(sc: Score, d: Design, study: optuna.Study, seed: int, *, long: bool) -> dict[str, Any]:
+def score_study(sc: Score, d: Design, study: optuna.Study, seed: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     doc = explain(study)
     took = time.perf_counter() - t0
@@ -391,8 +412,7 @@ def score_study(sc: Score, d: Design, study: optuna.Study, seed: int, *, long: b
     bases = [dict(t.user_attrs["applied"]) for t in finished]
     feasible = [dict(t.user_attrs["applied"]) for t in finished if t.user_attrs.get("feasible")]
     verdict = _verdict(doc)
-    target = sc.ncds_long if long else sc.ncds
-    target[verdict] = target.get(verdict, 0) + 1
+    sc.ncds[verdict] = sc.ncds.get(verdict, 0) + 1
     record: dict[str, Any] = {"study": study.study_name, "trials": len(finished), "explain_s": round(took, 3),
                               "ncds_verdict": verdict, "rules": []}
     for param, imp in doc["importance"]["objective"]["params"].items():
@@ -401,8 +421,6 @@ def score_study(sc: Score, d: Design, study: optuna.Study, seed: int, *, long: b
             sc.no_effect_claims += 1
             if change > NO_EFFECT_TOLERANCE:
                 sc.false_no_effect.append({"study": study.study_name, "param": param, "mean_change": round(change, 4)})
-    if long:
-        return record
     sc.studies += 1
     sc.trials += len(finished)
     sc.failures += doc["unexplained_failures"]["count"] + sum(len(r["trials"]) for r in doc["failure_rules"])
@@ -427,13 +445,18 @@ def score_study(sc: Score, d: Design, study: optuna.Study, seed: int, *, long: b
         if not rate >= TRUE_RATE:
             sc.false_rules.append(entry)
     for b in BEHAVIOURS:
-        shows = sum(1 for t in finished if t.user_attrs.get("failure_kind")
-                    and b.shown(d, t.user_attrs["applied"], t.user_attrs["failure_kind"]))
+        # a rule is of one failure kind: the behaviour is shown when MIN_SUPPORT failures of one kind show it
+        shows = Counter(t.user_attrs["failure_kind"] for t in finished if t.user_attrs.get("failure_kind")
+                        and b.shown(d, t.user_attrs["applied"], t.user_attrs["failure_kind"]))
         stated = any(b.stated(r["kind"], r["conditions"]) for r in doc["failure_rules"])
-        row = sc.behaviours.setdefault(b.name, {"shown": 0, "stated_when_shown": 0, "stated_otherwise": 0})
-        if shows >= MIN_SUPPORT:
+        scoped = b.scoped is not None and not stated and any(
+            b.scoped(r["kind"], r["conditions"], r.get("scope_conditions") or []) for r in doc["failure_rules"])
+        row = sc.behaviours.setdefault(b.name, {"shown": 0, "stated_when_shown": 0, "stated_otherwise": 0,
+                                                "scoped_when_shown": 0})
+        if max(shows.values(), default=0) >= MIN_SUPPORT:
             row["shown"] += 1
             row["stated_when_shown"] += stated
+            row["scoped_when_shown"] += scoped
         else:
             row["stated_otherwise"] += stated
     return record
@@ -443,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--studies", type=int, default=20)
     ap.add_argument("--trials", type=int, default=30)
-    ap.add_argument("--long-studies", type=int, default=3, help="longer studies per scenario and design (ncds verdict)")
+    ap.add_argument("--long-studies", type=int, default=3, help="longer studies per scenario and design, scored alike")
     ap.add_argument("--long-trials", type=int, default=100)
     ap.add_argument("--scenario", action="append", help="only these scenarios (repeat)")
     ap.add_argument("--design", action="append", choices=["sglang_nccl", "seed"], help="only these designs (repeat)")
@@ -457,22 +480,23 @@ def main(argv: list[str] | None = None) -> int:
         for d in designs(scenario):
             if ns.design and d.name not in ns.design:
                 continue
-            sc = Score(scenario, d.name)
-            runs = [(seed, ns.trials, False) for seed in range(ns.studies)]
-            runs += [(1000 + seed, ns.long_trials, True) for seed in range(ns.long_studies)]
-            for seed, trials, long in runs:
-                rec = score_study(sc, d, run_study(d, seed, trials - 1), seed, long=long)
-                records.append(rec)
-                if ns.verbose:
-                    print(json.dumps(rec), file=sys.stderr)
-            scores.append(sc)
+            for first, count, trials in ((0, ns.studies, ns.trials), (1000, ns.long_studies, ns.long_trials)):
+                if not count:
+                    continue
+                sc = Score(scenario, d.name, trials)
+                for seed in range(first, first + count):
+                    rec = score_study(sc, d, run_study(d, seed, trials - 1), seed)
+                    records.append(rec)
+                    if ns.verbose:
+                        print(json.dumps(rec), file=sys.stderr)
+                scores.append(sc)
     wall = time.perf_counter() - t_start
     if ns.json:
         print(json.dumps({"settings": vars(ns), "wall_s": round(wall, 1), "scores": [_summary(s) for s in scores],
                           "studies": records}, indent=1))
         return 0
     for s in scores:
-        _print_table(s, ns)
+        _print_table(s)
     times = [t for s in scores for t in s.explain_s]
     print(f"\nexplain: median {statistics.median(times):.2f} s, max {max(times):.2f} s over {len(times)} studies; "
           f"bench wall {wall:.0f} s")
@@ -487,14 +511,16 @@ def _summary(s: Score) -> dict[str, Any]:
     return out
 
 
-def _print_table(s: Score, ns: argparse.Namespace) -> None:
-    print(f"\n#### {s.scenario}, design `{s.design}`: {s.studies} studies x {ns.trials} trials "
+def _print_table(s: Score) -> None:
+    print(f"\n#### {s.scenario}, design `{s.design}`: {s.studies} studies x {s.trials_each} trials "
           f"({s.failures} failures, {s.unexplained} explained by no rule)\n")
     print("| check | result |")
     print("| --- | --- |")
     for name, row in s.behaviours.items():
+        scoped = (f"; in {row['scoped_when_shown']} more by a rule on channels shown only with a high "
+                  f"mem_fraction_static" if row["scoped_when_shown"] else "")
         print(f"| {name} | stated in {row['stated_when_shown']} of {row['shown']} studies that show it "
-              f"(>= {MIN_SUPPORT} such failures); stated in {row['stated_otherwise']} others |")
+              f"(>= {MIN_SUPPORT} such failures of one kind){scoped}; stated in {row['stated_otherwise']} others |")
     rate = f"; median model rate {statistics.median(s.rule_rates):.2f}" if s.rule_rates else ""
     print(f"| rules printed | {s.rules} ({s.pair_rules} over two parameters, {s.confounded_rules} named with "
           f"conditions the data cannot tell from them){rate} |")
@@ -506,9 +532,7 @@ def _print_table(s: Score, ns: argparse.Namespace) -> None:
               f"(model {f['model_rate']:.2f}) |")
     if s.untestable:
         print(f"| rules the model could not test (< {MIN_TESTED} testable interventions) | {len(s.untestable)} |")
-    print(f"| `{NCDS}`, {ns.trials} trials | {_counts(s.ncds)} |")
-    if s.ncds_long:
-        print(f"| `{NCDS}`, {ns.long_trials} trials | {_counts(s.ncds_long)} |")
+    print(f"| `{NCDS}`, {s.trials_each} trials | {_counts(s.ncds)} |")
     print(f"| 'no measurable effect' claims (model-checked) | {s.no_effect_claims}, false: {len(s.false_no_effect)} |")
     for f in s.false_no_effect:
         print(f"| false | {f['study']}: {f['param']} (mean change {f['mean_change']:.1%}) |")
