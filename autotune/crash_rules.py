@@ -20,8 +20,12 @@ cover:
    against it and is *informative*. A failure *earlier* in a trial (``not-enough-memory`` before
    NCCL ever ran) could not have shown K: it counts 0 and says nothing. A failure of another
    kind at the same stage (an OOM against a NCCL rule) may have come first: it counts half
-   (``other_weight``), a quarter once a rule of its own kind explains it (``excused_weight``).
-   Two passes: the second knows what the first explained.
+   (``other_weight``), a quarter once a rule of its own kind explains it (``excused_weight``) --
+   but half still against a rule on a parameter of that rule: where a memory fraction above
+   0.93 fails both ways, the OOMs that ``mem_fraction_static >= 0.9 -> oom`` explains are the
+   fraction's doing too, and say that the kind there is not the fraction's to choose (on the
+   GLM-5 host, ``mem_fraction_static >= 0.93 -> nccl-error``, which the model gives 34 % with
+   57 % OOMs, was taken that way). Two passes: the second knows what the first explained.
 2. **A candidate** explains at least ``min_support`` failures of K with precision (failures over
    failures plus what counts against) at least ``min_precision``, and is unlikely by chance
    among the informative trials: the hypergeometric chance of that many K failures among that
@@ -387,9 +391,14 @@ class _Cover:
     ``dense``: ``masks`` as float32, for the products."""
 
     def __init__(self, kind_fail: np.ndarray, weight: np.ndarray, conds: list[Condition], masks: np.ndarray,
-                 params_of: np.ndarray, bounds: dict[bytes, float], dense: np.ndarray) -> None:
+                 params_of: np.ndarray, bounds: dict[bytes, float], dense: np.ndarray,
+                 exposed: np.ndarray | None = None) -> None:
         self.kind_fail, self.weight, self.conds, self.masks, self.params_of = kind_fail, weight, conds, masks, params_of
         self.dense = dense
+        self.exposed = exposed
+        """Per condition, the rows it covers whose failure (of another kind) a rule on the
+        condition's own parameter explains: they count ``OTHER_WEIGHT`` against it, not
+        ``EXCUSED_WEIGHT`` (the module docstring, step 1); None: no such row."""
         self.counted = kind_fail | (weight > 0)
         self.against = self.counted & ~kind_fail
         self.hard = self.against & (weight >= 1.0)
@@ -409,10 +418,18 @@ class _Cover:
         act = self.active if act is None else act
         cols = np.stack([self.kind_fail & act, (self.against & act) * self.weight, self.hard & act, act]).astype(np.float32)
         ma = self.dense[rows_a]
+        unexcuse = (self.against & act).astype(np.float32) * (OTHER_WEIGHT - EXCUSED_WEIGHT)
         if rows_b is None:
-            return tuple((ma @ cols.T).T.astype(np.float64))
+            out = list((ma @ cols.T).T.astype(np.float64))
+            if self.exposed is not None:
+                out[1] = out[1] + (self.exposed[rows_a] @ unexcuse).astype(np.float64)
+            return tuple(out)
         mb = self.dense[rows_b]
-        return tuple(((ma * c) @ mb.T).astype(np.float64) for c in cols)
+        out = [((ma * c) @ mb.T).astype(np.float64) for c in cols]
+        if self.exposed is not None:  # rows excused by a rule on either parameter of the pair
+            xa, xb = self.exposed[rows_a] * unexcuse, self.exposed[rows_b]
+            out[1] = out[1] + (xa @ mb.T + (ma * unexcuse) @ xb.T - xa @ xb.T).astype(np.float64)
+        return tuple(out)
 
     def chance(self, fail: np.ndarray, nag: np.ndarray, act: np.ndarray | None = None) -> np.ndarray:
         """Of the informative rows of ``act`` (the kind's failures, and the rows that refute a
@@ -632,19 +649,33 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
         w[kinds_of == kind] = 0.0
         return w
 
-    def run(explained: np.ndarray) -> Found:
-        return {kind: _Cover(kinds_of == kind, weights(kind, explained), conds, masks, params_of, family_bounds, dense).run()
+    def exposed(kind: str, by_param: dict[str, np.ndarray]) -> np.ndarray | None:
+        """Per condition, its rows whose failure of another kind a rule on its own parameter explains."""
+        own = {name: rows & (kinds_of != kind) for name, rows in by_param.items()}
+        if not any(rows.any() for rows in own.values()):
+            return None
+        zero = np.zeros(n, dtype=bool)
+        return dense * np.stack([own.get(name, zero) for name in params_of]).astype(np.float32)
+
+    def run(explained: np.ndarray, by_param: dict[str, np.ndarray]) -> Found:
+        return {kind: _Cover(kinds_of == kind, weights(kind, explained), conds, masks, params_of, family_bounds, dense,
+                             exposed(kind, by_param)).run()
                 for kind in kinds}
 
-    def explained_by(found: Found) -> np.ndarray:
+    def explained_by(found: Found) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The failures the rules explain, and of them those explained by a rule on each parameter."""
         out = np.zeros(n, dtype=bool)
+        by_param: dict[str, np.ndarray] = {}
         for kind, chosen in found.items():
-            for _, mask, _, _ in chosen:
-                out |= mask & (kinds_of == kind)
-        return out
+            for idx, mask, _, _ in chosen:
+                mine = mask & (kinds_of == kind)
+                out |= mine
+                for i in idx:
+                    by_param[conds[i].param] = by_param.get(conds[i].param, np.zeros(n, dtype=bool)) | mine
+        return out, by_param
 
-    found = run(explained_by(run(np.zeros(n, dtype=bool))))
-    explained = explained_by(found)
+    found = run(*explained_by(run(np.zeros(n, dtype=bool), {})))
+    explained, _ = explained_by(found)
     rules: list[FailureRule] = []
     unexplained: dict[str, list[int]] = {}
     for kind in kinds:
