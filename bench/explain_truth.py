@@ -517,8 +517,8 @@ def _print_table(s: Score) -> None:
     print("| check | result |")
     print("| --- | --- |")
     for name, row in s.behaviours.items():
-        scoped = (f"; in {row['scoped_when_shown']} more by a rule on channels shown only with a high "
-                  f"mem_fraction_static" if row["scoped_when_shown"] else "")
+        scoped = (f"; in {row['scoped_when_shown']} more in part (the rest in the rule's scope)"
+                  if row["scoped_when_shown"] else "")
         print(f"| {name} | stated in {row['stated_when_shown']} of {row['shown']} studies that show it "
               f"(>= {MIN_SUPPORT} such failures of one kind){scoped}; stated in {row['stated_otherwise']} others |")
     rate = f"; median model rate {statistics.median(s.rule_rates):.2f}" if s.rule_rates else ""
