@@ -66,6 +66,12 @@ cover:
    the trials one covers, the other picks out the failures beyond chance, ``alpha_within``,
    both ways). The tests keep out the pairs that the sampler's habits make look good (it
    concentrates every parameter near the best trials, so any parameter seems to "split" a few).
+   A pair rests on at least ``min_pair_support`` failures: its two thresholds sit at the
+   failures nearest the successes, one on each axis, and a few failures place them where no
+   failure was on both at once. On the explain bench's longer studies every pair of 3 or 4
+   failures (four of them) was imprecise or false by the simulator's model (0.34-0.73: NCCL
+   buffers that fail with many channels and a high memory fraction, but also by buffer size and
+   protocol), and none of the eleven of 5 or more was false.
 6. **Confounds are named, not resolved by fiat**: conditions on other parameters that hold in
    every failure the rule explains, are refuted by no more informative trials than it, and go
    with the failures on their own (``alpha``) are the rule's rivals (``confounded_with``, at
@@ -114,7 +120,9 @@ import numpy as np
 from autotune.study_view import TrialView
 
 MIN_SUPPORT = 3
-"""Fewest failures a crash rule rests on."""
+"""Fewest failures a crash rule rests on..."""
+MIN_PAIR_SUPPORT = 5
+"""...and a two-condition one (the module docstring, step 5)."""
 MIN_PRECISION = 0.8
 ALPHA = 0.03
 """Chance (hypergeometric tail, informative trials) a one-condition rule must be below..."""
@@ -371,7 +379,7 @@ def stage(kind: str) -> int:
 
 def rule_settings() -> dict[str, Any]:
     """The crash rules' settings (the module's constants), as ``explain`` reports them."""
-    return {"min_support": MIN_SUPPORT, "min_precision": MIN_PRECISION, "alpha": ALPHA, "alpha_family": ALPHA_FAMILY,
+    return {"min_support": MIN_SUPPORT, "min_pair_support": MIN_PAIR_SUPPORT, "min_precision": MIN_PRECISION, "alpha": ALPHA, "alpha_family": ALPHA_FAMILY,
             "permutations": PERMUTATIONS, "alpha_pair": ALPHA_PAIR, "alpha_alone": ALPHA_ALONE,
             "alpha_within": ALPHA_WITHIN, "other_weight": OTHER_WEIGHT, "excused_weight": EXCUSED_WEIGHT}
 
@@ -529,7 +537,8 @@ class _Cover:
         fail2, agn2, nag2, cov2 = self.stats(cand, cand)
         params = self.params_of[cand]
         allowed = np.triu(np.ones((n, n), dtype=bool), k=1) & (params[:, None] != params[None, :]) & (nag2 == 0)
-        fail2 = np.where(allowed & (_wilson_low(fail2, fail2 + agn2) > best_single), fail2, 0.0)
+        fail2 = np.where(allowed & (fail2 >= MIN_PAIR_SUPPORT) & (_wilson_low(fail2, fail2 + agn2) > best_single),
+                         fail2, 0.0)
 
         def both_needed(flat: int) -> bool:
             """Among the rows one condition covers, the other picks out the failures beyond

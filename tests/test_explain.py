@@ -590,3 +590,27 @@ def test_a_kind_is_not_stated_where_a_rule_on_the_same_parameter_explains_anothe
     doc = explain(study)
     assert [r.split(";")[0].rstrip(")") + ")" for r in _rules(doc)] == ["mem_fraction_static >= 0.9 -> oom (8 of 11)"]
     assert doc["unexplained_failures"]["kinds"] == {"nccl-error": 3}
+
+
+@pytest.mark.parametrize("failures", [4, 5])
+def test_a_pair_rule_rests_on_five_failures(tmp_path: Path, failures: int) -> None:
+    """Many channels crash only with big buffers. Four clean failures over the two thresholds
+    are not enough to place both (on the explain bench every such pair was imprecise or false):
+    no rule, the four left unexplained; a fifth makes the pair rule."""
+    def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
+        if p["NCCL_MIN_NCHANNELS"] >= 12 and p["NCCL_BUFFSIZE"] >= 8 * MIB:
+            return "nccl-error", 0.0
+        return None, _throughput(p, rng)
+
+    base = {"NCCL_ALGO": "unset", "NCCL_PROTO": "unset", "NCCL_MAX_NCHANNELS": 64, "mem_fraction_static": 0.8}
+    crash = [(16, 8), (24, 16), (32, 16), (20, 8), (28, 8)][:failures]
+    fine = [(c, b) for c in (12, 16, 20, 24, 32) for b in (1, 2)] + [(c, b) for c in (1, 2, 4, 8) for b in (1, 2, 8, 16)]
+    fixed = [{**base, "NCCL_MIN_NCHANNELS": c, "NCCL_BUFFSIZE": b * MIB} for c, b in [*crash, *fine, *fine]]
+    study, _ = _study(tmp_path, f"pair-{failures}", 0, judge, fixed=fixed)
+    doc = explain(study)
+    if failures < 5:
+        assert _rules(doc) == [] and doc["unexplained_failures"]["kinds"] == {"nccl-error": failures}
+    else:
+        (rule,) = doc["failure_rules"]
+        assert {c["param"] for c in rule["conditions"]} == {"NCCL_MIN_NCHANNELS", "NCCL_BUFFSIZE"}
+        assert rule["support"] == {"failed": 5, "covered": 5}
