@@ -379,8 +379,8 @@ def stage(kind: str) -> int:
 
 def rule_settings() -> dict[str, Any]:
     """The crash rules' settings (the module's constants), as ``explain`` reports them."""
-    return {"min_support": MIN_SUPPORT, "min_pair_support": MIN_PAIR_SUPPORT, "min_precision": MIN_PRECISION, "alpha": ALPHA, "alpha_family": ALPHA_FAMILY,
-            "permutations": PERMUTATIONS, "alpha_pair": ALPHA_PAIR, "alpha_alone": ALPHA_ALONE,
+    return {"min_support": MIN_SUPPORT, "min_pair_support": MIN_PAIR_SUPPORT, "min_precision": MIN_PRECISION,
+            "alpha": ALPHA, "alpha_family": ALPHA_FAMILY, "permutations": PERMUTATIONS, "alpha_pair": ALPHA_PAIR, "alpha_alone": ALPHA_ALONE,
             "alpha_within": ALPHA_WITHIN, "other_weight": OTHER_WEIGHT, "excused_weight": EXCUSED_WEIGHT}
 
 

@@ -369,7 +369,8 @@ BEHAVIOURS = (
               shown=lambda d, p, k: k in ("nccl-error", "oom") and cause(d, p) in ("nccl-buffers", "graph-low-channels")
               and mfs_matters(d, p) and channels_matter(d, p, k),
               stated=lambda k, c: k in ("nccl-error", "oom") and _channels(c) and _mentions(c, "mem_fraction_static"),
-              scoped=lambda k, c, s: k in ("nccl-error", "oom") and _channels(c) and _mentions(s, "mem_fraction_static", ">=")),
+              scoped=lambda k, c, s: k in ("nccl-error", "oom") and _channels(c)
+              and _mentions(s, "mem_fraction_static", ">=")),
 )
 
 
