@@ -46,7 +46,13 @@ holds between the values the pairs compared (``matched.over`` in the JSON), not 
 values that pairs link, directly or through others, to the most trials count. A value tried only
 in trials that match no other, or only each other (a few early trials with
 ``max_running_requests`` below the load's concurrency, alike among themselves and far from
-every later trial), says nothing about a change from it to the rest. Where no pairs exist (a
+every later trial), says nothing about a change from it to the rest; nor does a value that
+fewer than ``NO_EFFECT_MIN_ROWS`` of the pairs' trials hold (at a numeric parameter's ends: within
+its end knot's reach), which the bootstrap loses in many resamples. The fit must tell each value's
+effect from the other parameters' remaining differences: where it cannot (a singular fit: the
+pairs that compare two values also move another parameter by the same step), in the whole sample
+or in a resample, that resample's spread is unknown, not 0, and counts above any known one (a
+singular fit's noise correction once made 0 of an 11 % effect, a false claim). Where no pairs exist (a
 random search over many categorical parameters, the first trials of any study) the verdict stays
 "uncertain": the price of not trusting a model of the others.
 
@@ -68,7 +74,10 @@ Verdicts
 - ``no measurable effect`` only with evidence: at least ``NO_EFFECT_MIN_TRIALS`` trials,
   ``NO_EFFECT_MIN_PAIRS`` matched pairs, every level (knot) of the parameter compared and all of
   them linked by pairs, and the matched spread's high end below ``NO_EFFECT_SPREAD`` (2 % of
-  the mean objective, about the run-to-run noise of a measurement; 0.05 for feasibility);
+  the mean objective, about the run-to-run noise of a measurement; 0.05 for feasibility), and so
+  is the fit's *resolution* (the spread its own noise would show were there no effect, the
+  median over the resamples: an imprecise fit's noise correction takes its spread to 0, which
+  is no evidence);
 - ``uncertain`` otherwise: the data cannot tell.
 
 Why not fANOVA: Optuna's needs scikit-learn (not a dependency) and a forest per bootstrap
@@ -107,6 +116,10 @@ MATCH_WIDTH = 0.2
 """Two values of a numeric parameter match when within this much of each other in the study's
 distribution of it (the share of trials between them)."""
 NO_EFFECT_KNOTS = 8
+NO_EFFECT_MIN_ROWS = 5
+"""Fewest trials a value compared must have (see :func:`_supported`)."""
+RANK_TOLERANCE = 1e-9
+"""Relative size below which a direction of the matched fit counts as not measured (its rank)."""
 NO_EFFECT_RESAMPLES = 100
 MAX_PAIRS = 2000
 """Matched pairs fitted at most (the closest); more add little and cost time."""
@@ -289,6 +302,33 @@ def _linked_values(keys: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[np.n
     return a[keep], b[keep]
 
 
+def _supported(values: list[Any], a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs without the values too few trials compare: a categorical level held by fewer
+    than ``NO_EFFECT_MIN_ROWS`` of the pairs' trials, a numeric parameter's lowest or highest
+    value while fewer than that many trials lie within its knot's reach (:func:`_basis`). The
+    bootstrap loses such a value in many resamples, where its effect is not estimable; the claim
+    then holds between the values that remain (``over``)."""
+    numeric = all(is_number(v) for v in values)
+    arr = np.array(values, dtype=float) if numeric else np.array([repr(v) for v in values], dtype=object)
+    while len(a):
+        rows = np.union1d(a, b)
+        compared, index = np.unique(arr[rows], return_inverse=True)
+        if len(compared) < 2:
+            break
+        if numeric:
+            reach = max(1.0, (len(compared) - 1) / (min(NO_EFFECT_KNOTS, len(compared)) - 1))
+            thin = [v for v, near in ((compared[0], index < reach), (compared[-1], index > len(compared) - 1 - reach))
+                    if int(near.sum()) < NO_EFFECT_MIN_ROWS]
+        else:
+            counts = np.bincount(index, minlength=len(compared))
+            thin = [compared[int(np.argmin(counts))]] if counts.min() < NO_EFFECT_MIN_ROWS else []
+        if not thin:
+            break
+        keep = ~np.isin(arr[a], thin) & ~np.isin(arr[b], thin)
+        a, b = a[keep], b[keep]
+    return a, b
+
+
 def _linked(delta: np.ndarray) -> bool:
     """Every column of the pairs' basis differences is compared, and all are linked by pairs."""
     k = delta.shape[1]
@@ -312,26 +352,40 @@ def matched_effect(matching: _Matching, values: list[Any], y: np.ndarray, name: 
     a, b = matching.pairs(name)
     if not len(a):
         return None
-    a, b = _linked_values(matching.keys[name], a, b)
+    a, b = _supported(values, *_linked_values(matching.keys[name], a, b))
+    if not len(a):
+        return None
     rows = np.union1d(a, b)
     basis, at_values, over = _basis(values, rows)
     delta = basis[a] - basis[b]
     if not _linked(delta):
         return {"pairs": int(len(a)), "over": over, "spread": None, "spread_high": None}
-    adjust = [w[a] - w[b] for other, w in matching.numeric.items() if other != name]
-    design = np.column_stack([delta[:, 1:], *adjust])
+    # the other numeric parameters' differences within the pairs, as an independent set of
+    # columns (one that is 0 in every pair, or a combination of others, adjusts nothing)
+    adjust = np.column_stack([w[a] - w[b] for other, w in matching.numeric.items() if other != name] or
+                             [np.zeros(len(a))])
+    u, sv, _ = np.linalg.svd(adjust, full_matrices=False)
+    adjust = u[:, sv > RANK_TOLERANCE * max(float(sv.max()), 1e-300)] if sv.size else u[:, :0]
+    design = np.column_stack([delta[:, 1:], adjust])
     target = y[a] - y[b]
-    k, m = design.shape[1], delta.shape[1] - 1
+    m = delta.shape[1] - 1
+    unknown = {"pairs": int(len(a)), "over": over, "spread": None, "spread_high": None}
+    if not _identified(design.T @ design, m)[0]:
+        return unknown  # the pairs cannot tell a value's effect from the others' differences
     n = len(y)
     rng = np.random.default_rng(seed)
     weights = np.stack([np.bincount(rng.integers(0, n, n), minlength=n) for _ in range(NO_EFFECT_RESAMPLES)]).astype(float)
     w_pair = weights[:, a] * weights[:, b]
     weighted = w_pair[:, :, None] * design[None, :, :]
-    gram = np.matmul(weighted.transpose(0, 2, 1), design) + 1e-9 * np.eye(k)
-    coef = np.linalg.solve(gram, (weighted.transpose(0, 2, 1) @ target)[..., None])[..., 0]
+    gram = np.matmul(weighted.transpose(0, 2, 1), design)
+    identified, rank = _identified(gram, m)
+    # a resample that lost every pair of some value (or the pairs that told it from the others'
+    # differences) cannot estimate its effect: its spread is unknown, never 0
+    ginv = np.linalg.pinv(gram, rcond=RANK_TOLERANCE, hermitian=True)
+    coef = (ginv @ (weighted.transpose(0, 2, 1) @ target)[..., None])[..., 0]
     resid = target[None, :] - coef @ design.T
-    s2 = (w_pair * resid ** 2).sum(axis=1) / np.maximum(w_pair.sum(axis=1) - k, 1.0)
-    cov = np.linalg.inv(gram)[:, :m, :m] * s2[:, None, None]
+    s2 = (w_pair * resid ** 2).sum(axis=1) / np.maximum(w_pair.sum(axis=1) - rank, 1.0)
+    cov = ginv[:, :m, :m] * s2[:, None, None]
     # half the mean square difference between a trial's value and each other value compared, less
     # what the fit's own noise adds to it (the trace of its covariance against the same form)
     at_rows, at_vals = basis[rows][:, 1:], at_values[:, 1:]
@@ -342,10 +396,31 @@ def matched_effect(matching: _Matching, values: list[Any], y: np.ndarray, name: 
     aw = w @ at_rows
     quad = (np.einsum("ra,ai,aj->rij", w, at_rows, at_rows) - aw[:, :, None] * mean_val[None, None, :]
             - mean_val[None, :, None] * aw[:, None, :] + (at_vals.T @ at_vals / len(at_vals))[None])
-    var = (q - np.einsum("rij,rji->r", quad, cov)) / 2.0
-    spread = np.sqrt(np.maximum(var, 0.0))
-    return {"pairs": int(len(a)), "over": over, "spread": round(float(np.median(spread)), 4),
-            "spread_high": round(float(np.percentile(spread, INTERVAL[1])), 4)}
+    noise = np.einsum("rij,rji->r", quad, cov)
+    var = (q - noise) / 2.0
+    unknowable = 1e300  # a resample's unknown spread, above any known one (inf would not interpolate)
+    spread = np.where(identified, np.sqrt(np.maximum(var, 0.0)), unknowable)
+    mid, high = float(np.median(spread)), float(np.percentile(spread, INTERVAL[1]))
+    if high >= unknowable / 2:
+        return {**unknown, "spread": round(mid, 4) if mid < unknowable / 2 else None}
+    # the spread the fit's own noise would show were there no effect: a bound below it is
+    # the noise correction's doing, not the pairs' evidence (an imprecise fit corrects to 0)
+    resolution = float(np.median(np.sqrt(np.maximum(noise, 0.0) / 2.0)))
+    return {"pairs": int(len(a)), "over": over, "spread": round(mid, 4), "spread_high": round(high, 4),
+            "resolution": round(resolution, 4)}
+
+
+def _identified(gram: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Whether the first ``m`` coefficients (the values' effects) of a least-squares fit with
+    normal matrix ``gram`` (or a stack of them) are estimable, and the fit's rank: they are when
+    the rank less the rank of the rest (the adjustments) is ``m``."""
+    def rank(g: np.ndarray) -> np.ndarray:
+        if g.shape[-1] == 0:
+            return np.zeros(g.shape[:-2], dtype=int)
+        ev = np.linalg.eigvalsh(g)
+        return (ev > RANK_TOLERANCE * np.maximum(ev.max(axis=-1, keepdims=True), 1e-300)).sum(axis=-1)
+    full = rank(gram)
+    return full - rank(gram[..., m:, m:]) == m, full
 
 
 def _n_bins(n: int) -> int:
@@ -408,7 +483,7 @@ def importance_of(rows: list[dict[str, Any]], y: Sequence[float], *, relative: b
                 matched = matched_effect(matching, [r.get(name) for r in rows], yv / scale, name, seed=seed)
             verdict = "uncertain"
             if (matched is not None and matched["spread_high"] is not None and matched["pairs"] >= NO_EFFECT_MIN_PAIRS
-                    and matched["spread_high"] < no_effect_spread):
+                    and matched["spread_high"] < no_effect_spread and matched["resolution"] < no_effect_spread):
                 verdict = "no measurable effect"
         doc["params"][name] = {"median": round(med, 4), "low": round(lo, 4), "high": round(hi, 4), "verdict": verdict,
                                "alone": {"median": round(alone[0], 4), "low": round(alone[1], 4), "high": round(alone[2], 4)},
