@@ -57,6 +57,7 @@ from __future__ import annotations
 import math
 import random
 import warnings
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -345,16 +346,12 @@ def _snap(dist: IntDistribution | FloatDistribution, x: float) -> Any:
 
 
 def _probed_around(incumbent: FrozenTrial, finished: Sequence[FrozenTrial],
-                   search_space: Mapping[str, BaseDistribution]) -> dict[str, int]:
+                   search_space: Mapping[str, BaseDistribution]) -> Counter[str]:
     """For each parameter, how many of ``finished`` differ from ``incumbent`` in it alone (as
     proposed, failed ones included)."""
-    around: dict[str, int] = {}
     ref = incumbent.params
-    for t in finished:
-        differ = [n for n in search_space if n in t.params and n in ref and t.params[n] != ref[n]]
-        if len(differ) == 1:
-            around[differ[0]] = around.get(differ[0], 0) + 1
-    return around
+    differs = ([n for n in search_space if n in t.params and n in ref and t.params[n] != ref[n]] for t in finished)
+    return Counter(d[0] for d in differs if len(d) == 1)
 
 
 def _measured(t: FrozenTrial) -> bool:
