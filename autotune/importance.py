@@ -358,18 +358,18 @@ def matched_effect(matching: _Matching, values: list[Any], y: np.ndarray, name: 
     rows = np.union1d(a, b)
     basis, at_values, over = _basis(values, rows)
     delta = basis[a] - basis[b]
+    unknown = {"pairs": int(len(a)), "over": over, "spread": None, "spread_high": None}
     if not _linked(delta):
-        return {"pairs": int(len(a)), "over": over, "spread": None, "spread_high": None}
+        return unknown
     # the other numeric parameters' differences within the pairs, as an independent set of
     # columns (one that is 0 in every pair, or a combination of others, adjusts nothing)
     adjust = np.column_stack([w[a] - w[b] for other, w in matching.numeric.items() if other != name] or
                              [np.zeros(len(a))])
     u, sv, _ = np.linalg.svd(adjust, full_matrices=False)
-    adjust = u[:, sv > RANK_TOLERANCE * max(float(sv.max()), 1e-300)] if sv.size else u[:, :0]
+    adjust = u[:, sv > RANK_TOLERANCE * max(float(sv.max()), 1e-300)]
     design = np.column_stack([delta[:, 1:], adjust])
     target = y[a] - y[b]
     m = delta.shape[1] - 1
-    unknown = {"pairs": int(len(a)), "over": over, "spread": None, "spread_high": None}
     if not _identified(design.T @ design, m)[0]:
         return unknown  # the pairs cannot tell a value's effect from the others' differences
     n = len(y)

@@ -10,11 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 import pytest
 from optuna.trial import TrialState, create_trial
 
 from autotune.analysis import MIN_SUPPORT, crash_rules, explain
+from autotune.importance import _Matching, matched_effect
 from autotune.space import SearchSpace
 from tests.test_study import autotune
 
@@ -635,10 +637,6 @@ def test_no_effect_is_not_read_from_pairs_that_cannot_tell_the_value_from_the_re
     the matched comparison gives no spread (so no "no measurable effect"), not the 0 that a
     singular fit's noise correction made of it (a false claim in the explain bench: a 100-trial
     GLM-5 study's `speculative_num_draft_tokens`, 11 % by the model)."""
-    import numpy as np
-
-    from autotune.importance import _Matching, matched_effect
-
     rows, y = _couples(25, lambda i: ("fast", "slow"), random.Random(0))
     matching = _Matching(rows, ["couple", "spec", "x"])
     doc = matched_effect(matching, [r["spec"] for r in rows], np.array(y) / np.mean(y), "spec")
@@ -656,10 +654,6 @@ def test_no_effect_leaves_out_a_value_too_few_trials_compare() -> None:
     """``spec`` does nothing between "a" and "b" (many couples); "rare" is compared by 3 couples
     only. The claim's values (``over``) leave "rare" out: the bootstrap loses it in many
     resamples, where its effect cannot be estimated."""
-    import numpy as np
-
-    from autotune.importance import _Matching, matched_effect
-
     rows, y = _couples(40, lambda i: ("a", "rare" if i < 3 else "b"), random.Random(1))
     for r in rows:
         r["x"] -= r["x"] % 2
