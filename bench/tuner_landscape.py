@@ -1,15 +1,20 @@
 """How rare a near-optimal configuration is on a scenario: random configurations of a space
 through the noise-free model (`autotune.bench_tuner.Evaluator`), the shares that are feasible and
 that reach 90% and 95% of the optimum (`autotune.bench_tuner.find_optimum`), and the range of each
-parameter among those reaching 90%. docs/BENCHMARKS.md quotes it for the built-in scenarios.
+parameter among those reaching 90%. With ``--neighbours K``, also how much of the optimum's
+neighbourhood fails: K configurations that take 1 (then 3) parameters of the optimum from a random
+configuration, the rest kept, and the share of them infeasible -- the failure rate a search that
+has found the optimum meets when it looks around it. docs/BENCHMARKS.md quotes both for the
+built-in scenarios.
 
-    python bench/tuner_landscape.py rtx6000-pcie-kimi-eagle3 4000 [--space sglang_nccl] [--objective quick]
+    python bench/tuner_landscape.py rtx6000-pcie-kimi-eagle3 4000 [--neighbours 1000] [--space sglang_nccl] [--objective quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import random
 import warnings
 
 import optuna
@@ -24,6 +29,8 @@ def main() -> None:
     ap.add_argument("--space", default="sglang_nccl")
     ap.add_argument("--objective", default="quick")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--neighbours", type=int, default=0, metavar="K",
+                    help="also the infeasible share of K neighbours of the optimum (1 and 3 parameters changed)")
     a = ap.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore")
@@ -49,6 +56,15 @@ def main() -> None:
             print(f"  {name}: {min(values)} .. {max(values)}")
         else:
             print(f"  {name}: {dict(collections.Counter(map(str, values)))}")
+    rng = random.Random(a.seed)
+    for changed in (1, 3) if a.neighbours else ():
+        failed = 0
+        for _ in range(a.neighbours):
+            other = sampler.ask(dists).params
+            names = rng.sample(sorted(dists), changed)
+            failed += ev.value({**opt.params, **{n: other[n] for n in names}}) is None
+        print(f"  neighbours of the optimum with {changed} parameter(s) drawn at random: "
+              f"{failed} of {a.neighbours} infeasible ({failed / a.neighbours:.0%})")
 
 
 if __name__ == "__main__":
