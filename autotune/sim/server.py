@@ -20,7 +20,7 @@ import os
 import sys
 import time
 import uuid
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from aiohttp import web
 
@@ -367,14 +367,27 @@ class SimServer:
             return info
 
         if not body.get("stream"):
-            try:
-                while not r.finished:
-                    await r.user.event.wait()
-                    r.user.event.clear()
-            except asyncio.CancelledError:
-                self._abort(r)
-                raise
+            await self._until_finished(r)
             return web.json_response({"text": _TEXT.upto(r.generated), "meta_info": meta(r.generated, True)})
+        return await self._stream(request, r, lambda sent, n, done: {"text": _TEXT.upto(n), "meta_info": meta(n, done)})
+
+    async def _until_finished(self, r: SimRequest) -> None:
+        """Wait until ``r`` has generated its last token; a cancelled handler (the client went
+        away) aborts it."""
+        try:
+            while not r.finished:
+                await r.user.event.wait()
+                r.user.event.clear()
+        except asyncio.CancelledError:
+            self._abort(r)
+            raise
+
+    async def _stream(self, request: web.Request, r: SimRequest,
+                      event: Callable[[int, int, bool], dict[str, Any]],
+                      last: Callable[[int], list[dict[str, Any]]] = lambda sent: []) -> web.StreamResponse:
+        """Stream ``r`` as server-sent events: ``event(sent, n, done)`` each time tokens
+        ``sent..n`` are new or the request is done, then the events of ``last(tokens sent)`` and
+        ``[DONE]``. A client gone (or a cancelled handler) aborts ``r``."""
         resp = await self._open_stream(request)
         sent = 0
         try:
@@ -384,11 +397,13 @@ class SimServer:
                 n = r.generated
                 done = r.finished
                 if n > sent or done:
+                    data = event(sent, n, done)
                     sent = n
-                    event = {"text": _TEXT.upto(n), "meta_info": meta(n, done)}
-                    await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                    await resp.write(b"data: " + json.dumps(data).encode() + b"\n\n")
                 if done:
                     break
+            for data in last(sent):
+                await resp.write(b"data: " + json.dumps(data).encode() + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")
         except (ConnectionResetError, asyncio.CancelledError):
             self._abort(r)
@@ -443,13 +458,7 @@ class SimServer:
             return {"prompt_tokens": prompt_len, "completion_tokens": n, "total_tokens": prompt_len + n}
 
         if not body.get("stream"):
-            try:
-                while not r.finished:
-                    await r.user.event.wait()
-                    r.user.event.clear()
-            except asyncio.CancelledError:
-                self._abort(r)
-                raise
+            await self._until_finished(r)
             text = _TEXT.upto(r.generated)
             choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None}
             if chat:
@@ -460,38 +469,23 @@ class SimServer:
                                       "choices": [choice], "usage": usage(r.generated)})
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         chunk_obj = "chat.completion.chunk" if chat else "text_completion"
-        resp = await self._open_stream(request)
-        sent = 0
-        try:
-            while True:
-                await r.user.event.wait()
-                r.user.event.clear()
-                n = r.generated
-                done = r.finished
-                if n > sent or done:
-                    delta = _TEXT.span(sent, n)
-                    if chat:
-                        d: dict[str, Any] = {"content": delta}
-                        if sent == 0:
-                            d["role"] = "assistant"
-                        choice = {"index": 0, "delta": d, "finish_reason": "length" if done else None, "logprobs": None}
-                    else:
-                        choice = {"index": 0, "text": delta, "finish_reason": "length" if done else None,
-                                  "logprobs": None}
-                    sent = n
-                    event = {"id": cid, "object": chunk_obj, "created": created, "model": model, "choices": [choice]}
-                    await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-                if done:
-                    break
-            if include_usage:
-                event = {"id": cid, "object": chunk_obj, "created": created, "model": model, "choices": [],
-                         "usage": usage(sent)}
-                await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-            await resp.write(b"data: [DONE]\n\n")
-        except (ConnectionResetError, asyncio.CancelledError):
-            self._abort(r)
-            raise
-        return resp
+
+        def chunk(sent: int, n: int, done: bool) -> dict[str, Any]:
+            delta = _TEXT.span(sent, n)
+            if chat:
+                d: dict[str, Any] = {"content": delta}
+                if sent == 0:
+                    d["role"] = "assistant"
+                choice = {"index": 0, "delta": d, "finish_reason": "length" if done else None, "logprobs": None}
+            else:
+                choice = {"index": 0, "text": delta, "finish_reason": "length" if done else None, "logprobs": None}
+            return {"id": cid, "object": chunk_obj, "created": created, "model": model, "choices": [choice]}
+
+        def usage_chunk(sent: int) -> list[dict[str, Any]]:
+            return [{"id": cid, "object": chunk_obj, "created": created, "model": model, "choices": [],
+                     "usage": usage(sent)}] if include_usage else []
+
+        return await self._stream(request, r, chunk, usage_chunk)
 
 
 def resolve_time_scale(flag: float | None) -> float:
