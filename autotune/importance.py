@@ -252,6 +252,12 @@ class _Matching:
         return a, b
 
 
+def _knot_count(distinct: int) -> int:
+    """Knots of a numeric parameter's hat basis over ``distinct`` values compared, evenly spaced
+    across them (:func:`_basis`; a value's reach in :func:`_supported` is one knot's spacing)."""
+    return min(NO_EFFECT_KNOTS, distinct)
+
+
 def _basis(values: list[Any], rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, Any]:
     """``f``'s basis at every row and at each value compared (the values of ``rows``), and those
     values as the claim states them: one column per level of a categorical parameter; hat
@@ -259,7 +265,7 @@ def _basis(values: list[Any], rows: np.ndarray) -> tuple[np.ndarray, np.ndarray,
     if all(is_number(v) for v in values):
         arr = np.array(values, dtype=float)
         compared = np.unique(arr[rows])
-        k = min(NO_EFFECT_KNOTS, len(compared))
+        k = _knot_count(len(compared))
         knots = np.linspace(0.0, 1.0, k)
 
         def hats(pos: np.ndarray) -> np.ndarray:
@@ -316,7 +322,7 @@ def _supported(values: list[Any], a: np.ndarray, b: np.ndarray) -> tuple[np.ndar
         if len(compared) < 2:
             break
         if numeric:
-            reach = max(1.0, (len(compared) - 1) / (min(NO_EFFECT_KNOTS, len(compared)) - 1))
+            reach = max(1.0, (len(compared) - 1) / (_knot_count(len(compared)) - 1))
             thin = [v for v, near in ((compared[0], index < reach), (compared[-1], index > len(compared) - 1 - reach))
                     if int(near.sum()) < NO_EFFECT_MIN_ROWS]
         else:
