@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
@@ -338,13 +339,21 @@ def _print_best(study: Any, metric: str) -> None:
     _out.print(f"best: trial {best.number} {metric}={best.value:.4g}{vs}", markup=False)
     m = best.measured
     if m is not None and m.first_excluded:
-        _out.print("  " + backing_text(m), markup=False)
-        _out.print(f"  its first run (trial {m.trials[0]}: {m.values[0]:.4g}) is left out: the run that made it "
-                   "a candidate reads high", markup=False)
+        _print_item(backing_text(m))
+        _print_item(f"its first run (trial {m.trials[0]}: {m.values[0]:.4g}) is left out: the run that made it "
+                    "a candidate reads high")
     elif m is not None:
-        _out.print("  1 measurement, no interval (the study did not measure it again)", markup=False)
-    _out.print("  " + " ".join(f"{k}={v}" for k, v in best.params.items()), markup=False)
-    _out.print(f"  export it: autotune export {study.study_name} --format sh -o profile.sh", markup=False)
+        _print_item("1 measurement, no interval (the study did not measure it again)")
+    _print_item(" ".join(f"{k}={v}" for k, v in best.params.items()))
+    _print_item(f"export it: autotune export {study.study_name} --format sh -o profile.sh")
+
+
+def _print_item(text: str) -> None:
+    """One indented item of a summary, wrapped to the console's width with its continuation lines
+    indented further (an 80-column terminal wrapped a parameter line back to column 0). Printed
+    as text: names and values are user data, never rich markup."""
+    _out.print(textwrap.fill(text, width=max(_out.width, 40), initial_indent="  ", subsequent_indent="    ",
+                             break_long_words=False, break_on_hyphens=False), markup=False, soft_wrap=True)
 
 
 def _print_front(study: Any) -> None:
@@ -367,9 +376,9 @@ def _print_front(study: Any) -> None:
         _out.print(f"  trial {n}{' (baseline)' if v.baseline else ''}: {values}{mark}", markup=False)
     best = by_number[chosen.number]
     _out.print(f"chosen: trial {best.number} by the rule {chosen.text}", markup=False, soft_wrap=True)
-    _out.print("  " + " ".join(f"{k}={v}" for k, v in best.params.items()), markup=False)
-    _out.print(f"  export it: autotune export {study.study_name} --format sh -o profile.sh "
-               "(--choose knee|first|bound[:TOLERANCE] or --trial N for another)", markup=False)
+    _print_item(" ".join(f"{k}={v}" for k, v in best.params.items()))
+    _print_item(f"export it: autotune export {study.study_name} --format sh -o profile.sh "
+                "(--choose knee|first|bound[:TOLERANCE] or --trial N for another)")
 
 
 # -- study list / show / best / explain -----------------------------------------------------

@@ -8,16 +8,29 @@ spread, the median relative error of the reported figure under two rules: the be
 of all three measurements, reported as that mean (what ``study best`` did before 2026-12-02); and
 the best by the mean of its two confirmation runs, reported as that mean (what it does now:
 :class:`autotune.study_view.Measured` leaves out the first run, the one that made the
-configuration a candidate)::
+configuration a candidate).
 
-    python bench/winners_curse.py            # 4000 studies per spread, seed 0
+Then the reported best's 95% interval: how often it holds the true value, and its median
+half-width, when the pooled run-to-run noise (:func:`autotune.study_view.pooled_noise`) counts
+the runs after the first only (what it did before 2026-12-03: with fewer than two such runs
+anywhere, the best's own runs' t-interval, or none) or every run of the configurations measured
+again (what it does now), for several counts of runs after the first per candidate: ``2 2 2`` is
+the default confirmation at full budget, ``2 1 1`` one that the budget cut short::
+
+    python bench/winners_curse.py            # 4000 studies per case, seed 0
 """
 
 from __future__ import annotations
 
+import math
 import sys
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from autotune._stats import t95  # noqa: E402
 
 N = 40
 NOISE = 0.02
@@ -42,6 +55,44 @@ def errors(spread: float, reps: int, rng: np.random.Generator) -> tuple[float, f
     return float(np.median(e_all)), float(np.median(e_fresh))
 
 
+def _pool(runs: list[np.ndarray]) -> tuple[float, int]:
+    """Relative squared deviations from each configuration's own mean, summed, and their degrees
+    of freedom (as :func:`autotune.study_view.pooled_noise` sums them)."""
+    squares = sum(float(((r / r.mean() - 1) ** 2).sum()) for r in runs if len(r) >= 2)
+    return squares, sum(len(r) - 1 for r in runs if len(r) >= 2)
+
+
+def intervals(spread: float, after: tuple[int, ...], reps: int,
+              rng: np.random.Generator) -> dict[str, tuple[float, float, int]]:
+    """Coverage of the true value, median half-width (relative) and count of studies with an
+    interval, for the best by the mean of its runs after the first: ``after`` runs after the
+    first for each candidate, best-ranked first. ``after-first``: the noise pooled over the
+    runs after the first (used where it has more degrees of freedom than the best's own runs,
+    else the own runs' t-interval); ``every-run``: pooled over every run of each candidate."""
+    out: dict[str, list[tuple[bool, float]]] = {"after-first": [], "every-run": []}
+    for _ in range(reps):
+        true = 1 - np.abs(rng.normal(0, spread, N))
+        first = true * (1 + rng.normal(0, NOISE, N))
+        cand = np.argsort(first)[::-1][:len(after)]
+        fresh = [true[c] * (1 + rng.normal(0, NOISE, k)) for c, k in zip(cand, after)]
+        b = int(np.argmax([f.mean() for f in fresh]))
+        mean, n, truth = float(fresh[b].mean()), len(fresh[b]), float(true[cand[b]])
+        squares, df = _pool(fresh)
+        if df > n - 1:
+            half = t95(df) * math.sqrt(squares / df) * mean / math.sqrt(n)
+        elif n >= 2:
+            half = t95(n - 1) * float(fresh[b].std(ddof=1)) / math.sqrt(n)
+        else:
+            half = math.nan
+        if not math.isnan(half):
+            out["after-first"].append((abs(mean - truth) <= half, half / mean))
+        squares, df = _pool([np.concatenate([[first[c]], f]) for c, f in zip(cand, fresh)])
+        half = t95(df) * math.sqrt(squares / df) * mean / math.sqrt(n)
+        out["every-run"].append((abs(mean - truth) <= half, half / mean))
+    return {k: (float(np.mean([c for c, _ in v])) if v else math.nan,
+                float(np.median([w for _, w in v])) if v else math.nan, len(v)) for k, v in out.items()}
+
+
 def main(argv: list[str]) -> int:
     reps = int(argv[0]) if argv else 4000
     rng = np.random.default_rng(0)
@@ -49,6 +100,15 @@ def main(argv: list[str]) -> int:
     for spread in (0.005, 0.01, 0.03, 0.08):
         a, f = errors(spread, reps, rng)
         print(f"{spread:<7g} {a:8.2%}  {f:8.2%}")
+    print("\n95% interval of the best: covered, median half-width; pooled over the runs after the first"
+          " (studies with an interval) | over every run")
+    print("runs after the first  spread  | after the first          | every run")
+    for after in ((2, 2, 2), (2, 1, 1), (1, 1, 1), (2,)):
+        for spread in (0.005, 0.03):
+            r = intervals(spread, after, reps, rng)
+            (c0, w0, n0), (c1, w1, _) = r["after-first"], r["every-run"]
+            first = f"{c0:6.1%} {w0:7.2%} ({n0})" if n0 else f"{'no interval':>22s}"
+            print(f"{' '.join(map(str, after)):<21s} {spread:<6g}  | {first:<24s} | {c1:6.1%} {w1:7.2%}")
     return 0
 
 

@@ -133,8 +133,10 @@ def test_confirmation_can_be_turned_off(tmp_path: Path) -> None:
 
 def test_the_interval_pools_the_noise_of_every_configuration_measured_again() -> None:
     """Two runs after the first give a t-interval with one degree of freedom (12.7 times their
-    spread); the study's other confirmed configurations tell the noise too: their relative
-    deviations are pooled, and the interval uses the pool's degrees of freedom."""
+    spread); the study's other confirmed configurations tell the noise too: the relative
+    deviations of every run of each configuration measured again, its first included, are pooled,
+    and the interval uses the pool's degrees of freedom. The figure is still the mean of the runs
+    after the first."""
     views = []
     rows = [({"x": 1}, 1000.0), ({"x": 2}, 990.0), ({"x": 1}, 960.0), ({"x": 1}, 980.0), ({"x": 2}, 1010.0),
             ({"x": 2}, 970.0), ({"x": 3}, 900.0), ({"x": 3}, 905.0)]
@@ -142,19 +144,24 @@ def test_the_interval_pools_the_noise_of_every_configuration_measured_again() ->
         views.append(TrialView(number, "COMPLETE", "ok", params, value, {}, None, None))
     one, two, three = measured_configs(views)
     assert one.noise is not None and one.noise == two.noise == three.noise
-    # x=1: 960, 980 around 970; x=2: 1010, 970 around 990; x=3 has one run after its first: no df
-    squares = (10 / 970) ** 2 * 2 + (20 / 990) ** 2 * 2
-    assert (one.noise.df, one.noise.configs) == (2, 2) and one.noise.sd == pytest.approx(math.sqrt(squares / 2))
+    assert (one.mean, two.mean, three.mean) == (970.0, 990.0, 905.0)  # the runs after the first
+    # x=1: 1000, 960, 980 around 980; x=2: 990, 1010, 970 around 990; x=3: 900, 905 around 902.5
+    squares = ((20 / 980) ** 2 + (20 / 980) ** 2 + 0.0) + ((20 / 990) ** 2 * 2 + 0.0) + (2.5 / 902.5) ** 2 * 2
+    assert (one.noise.df, one.noise.configs) == (5, 3) and one.noise.sd == pytest.approx(math.sqrt(squares / 5))
     lo, hi = two.interval95  # type: ignore[misc]
-    assert (hi - lo) / 2 == pytest.approx(t95(2) * one.noise.sd * 990 / math.sqrt(2))
+    assert (hi - lo) / 2 == pytest.approx(t95(5) * one.noise.sd * 990 / math.sqrt(2))
     assert (hi - lo) / 2 < t95(1) * 20  # narrower than its own runs' t-interval (sd 28.3 over sqrt 2)
     # one run after the first: an interval from the pool, not none
     lo3, hi3 = three.interval95  # type: ignore[misc]
-    assert lo3 < 905.0 < hi3 and three.to_json()["noise"] == {"relative_sd": one.noise.sd, "df": 2, "configs": 2}
-    # one configuration measured again: the pool is its own runs, and its t-interval is as before
+    assert lo3 < 905.0 < hi3 and three.to_json()["noise"] == {"relative_sd": one.noise.sd, "df": 5, "configs": 3}
+    # one configuration measured again: its three runs are the pool (2 degrees of freedom, where
+    # its two runs after the first alone have 1)
     alone = measured_configs(views[:4])
-    assert alone[0].noise is not None and alone[0].noise.df == 1 and alone[0].to_json()["noise"] is None
-    assert alone[0].interval95 == pytest.approx((970 - t95(1) * 10, 970 + t95(1) * 10))
+    sd = math.sqrt(2 * (20 / 980) ** 2 / 2)
+    assert alone[0].noise is not None and (alone[0].noise.df, alone[0].noise.sd) == (2, pytest.approx(sd))
+    assert alone[0].interval95 == pytest.approx((970 - t95(2) * sd * 970 / math.sqrt(2),
+                                                 970 + t95(2) * sd * 970 / math.sqrt(2)))
+    assert alone[1].interval95 is None  # measured once: no interval
 
 
 def test_export_and_study_best_choose_the_same_configuration(tmp_path: Path) -> None:
