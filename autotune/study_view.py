@@ -91,8 +91,8 @@ class Measured:
     the configuration was a candidate, whatever they read: their mean is not biased that way.
 
     Its interval uses the study's pooled run-to-run noise (:attr:`noise`, :func:`pooled_noise`)
-    where that has more degrees of freedom than its own runs: two runs alone give a t-interval
-    with one degree of freedom, 12.7 standard errors either side.
+    when it was measured again: two runs alone give a t-interval with one degree of freedom, 12.7
+    standard errors either side.
     """
 
     params: dict[str, Any]
@@ -129,16 +129,14 @@ class Measured:
     @property
     def pooled(self) -> Noise | None:
         """The pooled noise :attr:`interval95` uses: :attr:`noise` when the configuration was
-        measured again and the pool has more degrees of freedom than its own runs, else None."""
-        if self.first_excluded and self.noise is not None and self.noise.df > len(self.backing) - 1:
-            return self.noise
-        return None
+        measured again (the pool then holds all its runs, so it has more degrees of freedom than
+        its runs after the first alone), else None."""
+        return self.noise if self.first_excluded else None
 
     @property
     def interval95(self) -> tuple[float, float] | None:
         """The 95% t-interval of :attr:`mean`: from the pooled :attr:`noise` when the
-        configuration was measured again and the pool has more degrees of freedom than its own
-        runs, else from its own runs; None for one measurement with nothing pooled."""
+        configuration was measured again, else from its own runs (None for one measurement)."""
         noise = self.pooled
         if noise is not None:
             mean = self.mean

@@ -31,6 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune._stats import t95  # noqa: E402
+from autotune.study_view import TrialView, measured_configs  # noqa: E402
 
 N = 40
 NOISE = 0.02
@@ -56,8 +57,8 @@ def errors(spread: float, reps: int, rng: np.random.Generator) -> tuple[float, f
 
 
 def _pool(runs: list[np.ndarray]) -> tuple[float, int]:
-    """Relative squared deviations from each configuration's own mean, summed, and their degrees
-    of freedom (as :func:`autotune.study_view.pooled_noise` sums them)."""
+    """Relative squared deviations of the runs after the first from each configuration's own
+    mean, summed, and their degrees of freedom (the pool before 2026-12-03)."""
     squares = sum(float(((r / r.mean() - 1) ** 2).sum()) for r in runs if len(r) >= 2)
     return squares, sum(len(r) - 1 for r in runs if len(r) >= 2)
 
@@ -68,7 +69,8 @@ def intervals(spread: float, after: tuple[int, ...], reps: int,
     interval, for the best by the mean of its runs after the first: ``after`` runs after the
     first for each candidate, best-ranked first. ``after-first``: the noise pooled over the
     runs after the first (used where it has more degrees of freedom than the best's own runs,
-    else the own runs' t-interval); ``every-run``: pooled over every run of each candidate."""
+    else the own runs' t-interval); ``every-run``: :func:`autotune.study_view.measured_configs`'s
+    interval, pooled over every run of each candidate."""
     out: dict[str, list[tuple[bool, float]]] = {"after-first": [], "every-run": []}
     for _ in range(reps):
         true = 1 - np.abs(rng.normal(0, spread, N))
@@ -86,9 +88,12 @@ def intervals(spread: float, after: tuple[int, ...], reps: int,
             half = math.nan
         if not math.isnan(half):
             out["after-first"].append((abs(mean - truth) <= half, half / mean))
-        squares, df = _pool([np.concatenate([[first[c]], f]) for c, f in zip(cand, fresh)])
-        half = t95(df) * math.sqrt(squares / df) * mean / math.sqrt(n)
-        out["every-run"].append((abs(mean - truth) <= half, half / mean))
+        # what `study best` does now: autotune.study_view's own figure and interval
+        best = measured_configs([TrialView(i, "COMPLETE", "ok", {"c": int(c)}, float(v), {}, None, None)
+                                 for i, (c, v) in enumerate([(c, first[c]) for c in cand]
+                                                            + [(c, x) for c, f in zip(cand, fresh) for x in f])])[b]
+        lo, hi = best.interval95  # type: ignore[misc]
+        out["every-run"].append((lo <= truth <= hi, (hi - lo) / 2 / best.mean))
     return {k: (float(np.mean([c for c, _ in v])) if v else math.nan,
                 float(np.median([w for _, w in v])) if v else math.nan, len(v)) for k, v in out.items()}
 
