@@ -66,6 +66,7 @@ from autotune.hosts import (
     kill_stale_local_server,
 )
 from autotune.lease import StudyLease
+from autotune.load_signals import ATTR as SIGNALS_ATTR
 from autotune.notes import mirror_constraints, write_trial_note
 from autotune.objective import Objective
 from autotune.provenance import host_facts, runner_for
@@ -151,14 +152,16 @@ SamplerFactory = Callable[[int | None], optuna.samplers.BaseSampler]
 
 def make_sampler(kind: str, seed: int | None, *, slots: int = 1,
                  launched_as: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-                 monotone: Mapping[str, Mapping[str, str]] | None = None) -> optuna.samplers.BaseSampler:
+                 monotone: Mapping[str, Mapping[str, str]] | None = None,
+                 raise_when: Mapping[str, str] | None = None) -> optuna.samplers.BaseSampler:
     """The sampler for a config's ``sampler`` key, for a study run on ``slots`` slots at once.
 
     ``tpe`` (the default) is :class:`~autotune.samplers.CrashAwareTPESampler`: multivariate TPE
     (constant liar and a shorter start-up with several slots: :func:`~autotune.samplers.tpe_sampler`)
     that redraws proposals falling into a region where every trial crashed, as `autotune bench
     tuner` compares in docs/BENCHMARKS.md; ``monotone`` (the space's declarations) is what it
-    backs off along while no trial has run. Each of them runs multi-objective studies too: Optuna
+    backs off along while no trial has run, ``raise_when`` the parameters it raises when the best
+    trial's scheduler log calls for it (:mod:`autotune.load_signals`). Each of them runs multi-objective studies too: Optuna
     5's TPE splits such a history by non-domination rank and ranks every trial with a positive
     constraint (PRUNED included) below the feasible ones, the crash regions depend on outcomes
     only, and the GP sampler has a constrained multi-objective acquisition.
@@ -167,7 +170,7 @@ def make_sampler(kind: str, seed: int | None, *, slots: int = 1,
         return optuna.samplers.GPSampler(seed=seed)
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    return CrashAwareTPESampler(seed, slots=slots, launched_as=launched_as, monotone=monotone)
+    return CrashAwareTPESampler(seed, slots=slots, launched_as=launched_as, monotone=monotone, raise_when=raise_when)
 
 
 def startup_timeout(startups: list[float], *, cap_s: float, factor: float, floor_s: float) -> tuple[float, str]:
@@ -265,7 +268,8 @@ class Driver:
         seed = derived_seed(self.config.seed, len(study.trials))
         study.sampler = (self.sampler_factory(seed) if self.sampler_factory is not None
                          else make_sampler(self.config.sampler, seed, slots=self.executor.capacity(),
-                                           launched_as=self._applied, monotone=self.space.monotone()))
+                                           launched_as=self._applied, monotone=self.space.monotone(),
+                                           raise_when=self.space.raise_when()))
         if "config" not in study.user_attrs:
             study.set_user_attr("config", self._stored_config())
             stored: dict[str, Any] = {"name": self.objective.name, "metric": self.objective.metric,
@@ -714,6 +718,7 @@ class Driver:
             "secret_env": list(result.secret_env),
             "secret_args": {str(i): n for i, n in sorted(result.secret_args.items())},
             "early_stop": result.early_stop.to_json() if result.early_stop is not None else None,
+            SIGNALS_ATTR: result.signals.to_attr() if result.signals is not None else None,
         }
         for key, val in attrs.items():
             trial.set_user_attr(key, val)

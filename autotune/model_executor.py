@@ -269,6 +269,7 @@ class ModelExecutor:
         if self.objective is not None:
             result.metrics = self.objective.derive(result.metrics)
         result.duration_s = round(p.startup_s + float(p.details["duration_s"]), 3)
+        result.signals = p.signals if p.signals.lines else None  # what the server's log would show
         if rule is not None:
             result.intermediate = dict(rule.intermediate)
             if p.stopped_s is not None:

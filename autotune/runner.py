@@ -29,6 +29,7 @@ from autotune.early_stop import EarlyStop, StopRule, applies
 from autotune.engines import EnginePreset
 from autotune.failures import COMMON_PATTERNS, FAULT_KINDS, Failure, Pattern, classify, excerpt, find_error
 from autotune.hosts import Host, HostFault, LocalHost, ServerLeftRunning, ServerProcess
+from autotune.load_signals import LoadSignals
 from autotune.loadgen import LoadProgress, Workload, run_load_sync
 from autotune.objective import NamedLoad, Objective
 from autotune.results import ResultParseError, parse_result
@@ -100,14 +101,18 @@ class TrialResult:
     intermediate: dict[int, float] = field(default_factory=dict)
     """Projected values of the objective's metric by percent of the load done
     (:class:`~autotune.early_stop.StopRule`), for ``trial.report``."""
+    signals: LoadSignals | None = None
+    """What the engine's scheduler log showed of the load (:mod:`autotune.load_signals`); None
+    where it logged no scheduler line."""
 
 
 class LogWatcher:
     """Reads a growing log file incrementally: each :meth:`read` costs only what was appended.
 
     It keeps the last ``limit`` bytes of text (:attr:`text`, joined only when asked for) and,
-    as lines arrive, the highest-priority failure pattern seen so far (:attr:`error`), so a
-    server that writes megabytes of log costs the poll loop nothing more than reading them.
+    as lines arrive, the highest-priority failure pattern seen so far (:attr:`error`) and the
+    scheduler's busiest moments (:attr:`signals`), so a server that writes megabytes of log costs
+    the poll loop nothing more than reading them.
     """
 
     def __init__(self, path: Path, patterns: Sequence[Pattern] = COMMON_PATTERNS, limit: int = 8 * 1024 * 1024) -> None:
@@ -120,6 +125,8 @@ class LogWatcher:
         self._joined: str | None = ""
         self._pending = ""  # the last line, not yet ended by a newline
         self._best: tuple[int, str, str] | None = None  # (priority, kind, line)
+        self.signals = LoadSignals()
+        """The scheduler's lines read so far (:mod:`autotune.load_signals`)."""
 
     def read(self) -> str:
         """Read what was appended since the last call; returns the new text."""
@@ -143,6 +150,7 @@ class LogWatcher:
         self._pending = lines.pop()
         for line in lines:
             self._best = self._better(line, self._best)
+            self.signals.observe(line)
         return new
 
     def _better(self, line: str, best: tuple[int, str, str] | None) -> tuple[int, str, str] | None:
@@ -303,6 +311,8 @@ class TrialRunner:
                     result.left_running = isinstance(fault, ServerLeftRunning)
                     result.failure = result.failure or Failure(fault.kind, str(fault), "")
                 watcher.read()
+            if result.outcome in ("ok", "stopped") and watcher.signals.lines:
+                result.signals = watcher.signals
             if result.outcome == "infeasible":
                 self._blame_the_disk(result, watcher, log_path)
             _redact(result, redactor, [log_path, self.log_dir / f"trial-{spec.number:04d}.bench.log"])

@@ -31,6 +31,17 @@ a study it proposes the configuration it already measured, again and again.
   failures, ``c_fail`` the mean duration of its failures and ``c_ok`` the median duration of a
   measured trial. A region where every trial failed is never proposed again; one that fails
   late, or hangs until the ready timeout, is avoided more than one that fails in seconds.
+- **Raises the engine's log calls for** (what an operator does on reading the scheduler's lines;
+  :mod:`autotune.load_signals`): when the incumbent's load showed requests waiting while a cap
+  the space declares ``raise_when: queued`` was full (``--max-running-requests``), or more
+  requests running at once than a limit declared ``raise_when: running-above`` covers
+  (``--cuda-graph-max-bs``), the next proposal is the incumbent with that parameter raised to
+  what the log showed (the demand, at least the load's concurrency; the most running), ahead
+  of TPE, start-up and probes alike. Each is proposed once per configuration (launched
+  configurations are not proposed again), never into a crash region. The other samplers' blind
+  spot: a cap below the offered load is a plateau whatever else changes, and on the Kimi and
+  H200 hosts a CUDA-graph limit below the batch is one of the parameters the locked-in runs
+  were one change from the optimum by.
 - **No repeats**: a proposal equal to a configuration already launched is redrawn (measuring a
   configuration again is the confirmation runs' job, :mod:`autotune.confirmation`).
 - **Back-offs while nothing has run** (the space's ``monotone:`` declarations, the structure an
@@ -67,6 +78,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.analysis import analysed_views, failure_rules
 from autotune.crash_rules import is_number
+from autotune.load_signals import ATTR as SIGNALS_ATTR, LoadSignals, raises_called_for
 
 TPE_STARTUP_TRIALS = 4
 """Random trials before TPE models the study (serial; see :func:`tpe_sampler` for parallel)."""
@@ -101,8 +113,8 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
     """TPE (:func:`tpe_sampler`) with coverage probes, crash regions weighed by their cost, and
     no repeated configuration (module docstring).
 
-    Contract: TPE's random start-up as it is; then each relative proposal is a coverage probe
-    (``probes``) or TPE's, redrawn out of crash regions and repeats as described. With
+    Contract: TPE's random start-up as it is, unless a raise is called for (``raise_when``, with
+    ``probes``); then each relative proposal is a raise, a coverage probe (``probes``) or TPE's, redrawn out of crash regions and repeats as described. With
     ``avoid_crashes=False`` and ``probes=False`` it is TPE alone. A seeded study stays
     reproducible: every random choice comes from a generator seeded with the study's seed. A
     multi-objective study has no incumbent: it gets no probes.
@@ -110,7 +122,8 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
 
     def __init__(self, seed: int | None = None, *, slots: int = 1, avoid_crashes: bool = True,
                  probes: bool = True, launched_as: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-                 monotone: Mapping[str, Mapping[str, str]] | None = None) -> None:
+                 monotone: Mapping[str, Mapping[str, str]] | None = None,
+                 raise_when: Mapping[str, str] | None = None) -> None:
         self.tpe = tpe_sampler(seed, slots=slots)
         self._random = optuna.samplers.RandomSampler(seed=None if seed is None else seed + 1)
         self.launched_as = launched_as
@@ -119,6 +132,9 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         self.monotone = {n: dict(d) for n, d in (monotone or {}).items()}
         """The space's declarations (parameter -> {failure kind: "up" | "down"}) the back-offs
         follow; empty: no back-offs."""
+        self.raise_when = dict(raise_when or {})
+        """The space's ``raise_when`` declarations (parameter -> signal) the raises follow; empty:
+        no raises."""
         self.avoid_crashes = avoid_crashes
         self.probes = probes
         self._rng = random.Random(seed)
@@ -147,6 +163,10 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
                     return params
                 back_off = self._back_off(finished, search_space) if back_off else None
             return params
+        if incumbent is not None and self.raise_when:
+            raised = self._raised(study, incumbent, search_space, launched)
+            if raised is not None:
+                return raised
         if incumbent is not None and len(finished) >= PROBE_AFTER and trial.number % PROBE_EVERY == 0:
             name = self._next_parameter(search_space, incumbent, finished)
             baseline = next((t.params for t in finished if t.user_attrs.get("baseline")), {})
@@ -274,6 +294,34 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
                 x = _snap(dist, min(last, max(first, x)))
             if (lo is None or x > lo) and (hi is None or x < hi):
                 return x
+        return None
+
+    def _raised(self, study: optuna.Study, incumbent: FrozenTrial, search_space: dict[str, BaseDistribution],
+                launched: set[tuple[tuple[str, str], ...]]) -> dict[str, Any] | None:
+        """The incumbent with one declared parameter raised to what its load's scheduler log
+        called for (:func:`~autotune.load_signals.raises_called_for`), the parameters in name
+        order; None when its log called for none, or each such configuration is launched already
+        (or running) or inside a crash region."""
+        declared = {n: w for n, w in self.raise_when.items() if n in search_space}
+        metrics = incumbent.user_attrs.get("metrics") or {}
+        targets = raises_called_for(LoadSignals.from_attr(incumbent.user_attrs.get(SIGNALS_ATTR)), declared,
+                                    incumbent.params, metrics.get("max_concurrency"))
+        if not targets:
+            return None
+        running = {self._launch_key(t.params) for t in study._get_trials(deepcopy=False, states=(TrialState.RUNNING,))  # noqa: SLF001
+                   if t.params}
+        for name in sorted(targets):
+            dist = search_space[name]
+            if not isinstance(dist, (IntDistribution, FloatDistribution)):
+                continue
+            value = _snap(dist, min(dist.high, targets[name]))
+            if value <= incumbent.params[name]:
+                continue
+            probe = {n: incumbent.params[n] for n in search_space}
+            probe[name] = value
+            key = self._launch_key(probe)
+            if key not in launched and key not in running and (not self.avoid_crashes or self.worth(study, probe) >= 1.0):
+                return probe
         return None
 
     @staticmethod

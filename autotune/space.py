@@ -97,6 +97,11 @@ class Parameter(BaseModel):
     failure at every value beyond x in that direction when the other parameters are the same
     (``mem_fraction_static: {oom: up, not-enough-memory: down}``); the driver skips such a
     configuration instead of launching it (:mod:`autotune.implied`)."""
+    raise_when: Literal["queued", "running-above"] | None = None
+    """The engine's scheduler log that calls for a larger value (:mod:`autotune.load_signals`):
+    ``queued`` for a cap on the requests served at once (requests waited while it was full),
+    ``running-above`` for a limit that more requests at once outgrow (CUDA graphs captured up to
+    a batch size). The sampler then proposes the best configuration with it raised."""
     help: str | None = None
 
     @field_validator("choices", mode="before")
@@ -173,6 +178,8 @@ class Parameter(BaseModel):
         if self.monotone and not (self.type in ("int", "float") or (
                 self.type == "categorical" and all(_is_number(c) for c in self.choices or []))):
             raise ValueError("'monotone' needs a numeric parameter (int, float, or categorical with numbers only)")
+        if self.raise_when is not None and self.type not in ("int", "float"):
+            raise ValueError("'raise_when' needs a numeric parameter (int or float)")
         unknown = sorted(set(self.monotone) - INFEASIBLE_KINDS)
         if unknown:
             raise ValueError(f"'monotone' names an unknown failure kind '{unknown[0]}' "
@@ -407,6 +414,10 @@ class SearchSpace:
     def monotone(self) -> dict[str, dict[str, str]]:
         """Each parameter's ``monotone`` declaration (failure kind -> direction), where it has one."""
         return {n: dict(p.monotone) for n, p in self.parameters.items() if p.monotone}
+
+    def raise_when(self) -> dict[str, str]:
+        """Each parameter's ``raise_when`` declaration, where it has one."""
+        return {n: p.raise_when for n, p in self.parameters.items() if p.raise_when is not None}
 
     def applied_names(self) -> list[str]:
         """Every env var and flag this space sets (parameters and companions): these are tuning

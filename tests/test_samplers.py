@@ -8,6 +8,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import TrialState, create_trial
 
 from autotune.driver import make_sampler
+from autotune.load_signals import ATTR as SIGNALS_ATTR, LoadSignals
 from autotune.samplers import CrashAwareTPESampler
 
 DISTS = {"algo": CategoricalDistribution(["Ring", "Tree", "unset"]), "mem": FloatDistribution(0.5, 0.95)}
@@ -278,3 +279,57 @@ def test_a_probe_goes_first_to_the_parameter_least_probed_around_the_incumbent()
         assert number % 2 == 0 and number >= 8  # a probe's turn
         firsts.append([k for k in probe if probe[k] != incumbent[k]])
     assert all(changed == ["proto"] for changed in firsts), firsts
+
+
+RAISE_DISTS = {"graph": IntDistribution(8, 512, log=True), "mem": FloatDistribution(0.5, 0.95),
+               "slots": IntDistribution(16, 1024, log=True)}
+RAISE_WHEN = {"slots": "queued", "graph": "running-above"}
+
+
+def _ran(study: optuna.Study, params: dict, value: float, signals: LoadSignals | None = None, **attrs: object) -> None:
+    study.add_trial(create_trial(params=params, distributions=RAISE_DISTS, value=value, user_attrs={
+        "outcome": "ok", "feasible": True, "applied": params, "metrics": {"max_concurrency": 192.0},
+        SIGNALS_ATTR: signals.to_attr() if signals else None, **attrs}))
+
+
+def test_the_best_trials_scheduler_log_raises_the_cap_it_found_full() -> None:
+    """The field report's biggest win: requests queued while the running cap was full, so the
+    cap is raised -- here the baseline ran 64 at a time with 86 more waiting under 192 clients,
+    and its decode batches outgrew the 32 the CUDA graphs cover. The next proposals are the
+    baseline with the graph limit raised to the 64 seen running, then the cap to the clients'
+    192; each once. A cap the memory kept from filling (50 in flight of 64) is not raised."""
+    study = optuna.create_study(direction="maximize")
+    base = {"graph": 32, "mem": 0.8, "slots": 64}
+    full = LoadSignals(in_flight_max=64, queued_max=128, demand_max=150, queued_at_max=86, lines=9)
+    _ran(study, base, 500.0, full, baseline=True)
+    sampler = CrashAwareTPESampler(seed=3, raise_when=RAISE_WHEN)
+    _, first = _relative(study, sampler)
+    assert first == {**base, "graph": 64}
+    _ran(study, first, 450.0)  # worse: the baseline stays the best
+    _, second = _relative(study, sampler)
+    assert second == {**base, "slots": 192}
+    _ran(study, second, 400.0)
+    _, third = _relative(study, sampler)
+    assert third not in (first, second) and sum(third.get(k) != v for k, v in base.items()) != 1 or third == {}
+    # without the declarations, or with the memory keeping the cap from filling, no raise
+    assert _relative(study, CrashAwareTPESampler(seed=3))[1] not in (first, second)
+    kv_bound = optuna.create_study(direction="maximize")
+    _ran(kv_bound, base, 500.0, LoadSignals(in_flight_max=50, queued_max=100, demand_max=150, queued_at_max=100,
+                                              lines=9), baseline=True)
+    assert _relative(kv_bound, CrashAwareTPESampler(seed=3, raise_when={"slots": "queued"}))[1] != {**base, "slots": 192}
+
+
+def test_a_raise_into_a_region_where_every_trial_crashed_is_not_proposed() -> None:
+    study = optuna.create_study(direction="maximize")
+    base = {"graph": 256, "mem": 0.8, "slots": 64}
+    _ran(study, base, 500.0, LoadSignals(in_flight_max=64, queued_max=128, demand_max=192, queued_at_max=128, lines=4),
+         baseline=True)
+    for i, slots in enumerate((16, 20, 24, 30, 36, 40, 48, 56)):  # fewer slots run, a little slower
+        _ran(study, {**base, "slots": slots, "mem": 0.6 + 0.02 * i}, 300.0 + slots)
+    for slots in (150, 300, 600):  # more slots at this memory: out of memory every time
+        params = {**base, "slots": slots}
+        study.add_trial(create_trial(params=params, distributions=RAISE_DISTS, state=TrialState.PRUNED, user_attrs={
+            "outcome": "infeasible", "feasible": False, "failure_kind": "oom", "applied": params}))
+    sampler = CrashAwareTPESampler(seed=3, raise_when=RAISE_WHEN)
+    assert sampler.worth(study, {**base, "slots": 192}) < 1.0
+    assert _relative(study, sampler)[1] != {**base, "slots": 192}

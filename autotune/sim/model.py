@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping
 
+from autotune.load_signals import LoadSignals
 from autotune.sim.args import ServerArgs
 from autotune.sim.engine import EngineConfig, InvalidArgument, configure, noise_factor, startup_seconds
 from autotune.sim.scenario import Scenario
@@ -70,6 +71,10 @@ class Prediction:
     message: str = ""
     details: dict[str, Any] = field(default_factory=dict)
     stopped_s: float | None = None
+    signals: LoadSignals = field(default_factory=LoadSignals)
+    """What the server's scheduler lines would show of the load, as the runner reads them
+    (:mod:`autotune.load_signals`): each prefill batch's moment (SGLang logs every prefill batch;
+    the decode lines between show no busier one)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -144,6 +149,7 @@ def run_closed_loop(cfg: EngineConfig, workload: Workload, speed: float, startup
     started = 0  # requests whose first token came
     stopped: float | None = None
     ttft: list[float] = []
+    signals = LoadSignals()
     for _ in range(min(w.concurrency, w.num_prompts)):
         sched.add(SimRequest(sent, w.input_len, w.output_len, now))
         sent += 1
@@ -160,9 +166,11 @@ def run_closed_loop(cfg: EngineConfig, workload: Workload, speed: float, startup
             msg = summary("load", cfg, f"{fwd.kind} of {fwd.tokens} tokens needs {fwd.oom_gb:.2f} GiB more")
             return _fail("crash-under-load", msg, startup + now, cfg)
         now += fwd.duration
+        running_before = len(sched.running)
         gained, finished = sched.apply(fwd, now)
         if fwd.kind == "prefill":
             started += len(gained)  # a prefill's gainers are the requests it gave a first token
+            signals.seen(running_before + fwd.batch, len(sched.waiting))
         for r in finished:
             done += 1
             if r.first_token_at is not None:
@@ -188,4 +196,5 @@ def run_closed_loop(cfg: EngineConfig, workload: Workload, speed: float, startup
         startup_s=round(startup, 3),
         details=details,
         stopped_s=None if stopped is None else round(stopped, 3),
+        signals=signals,
     )

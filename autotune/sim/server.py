@@ -102,7 +102,6 @@ class SimServer:
         self._arrival = asyncio.Event()
         self._next_rid = 0
         self._times = startup_seconds(cfg)
-        self._last_prefill_log = 0.0
         self._decode_log_at = 0.0
         self._decode_log_tokens = 0
 
@@ -200,27 +199,27 @@ class SimServer:
             elif delay < -1.0:  # fell far behind (machine stalled): do not burst to catch up
                 end = loop.time()
             vclock = end
+            running_before = len(self.sched.running)
             gained, finished = self.sched.apply(fwd, end)
             interval = self.stream_interval_s
             for r in gained:
                 if r.finished_at is not None or end - r.notified_at >= interval:
                     r.notified_at = end
                     r.user.event.set()
-            self._log_forward(fwd, end)
+            self._log_forward(fwd, end, running_before)
 
     def _die_under_load(self, fwd: Forward) -> None:
         for line in oom_under_load_lines(self.cfg, fwd.oom_gb):
             log(line)
         _die(1)
 
-    def _log_forward(self, fwd: Forward, now: float) -> None:
+    def _log_forward(self, fwd: Forward, now: float, running_before: int) -> None:
+        """Log a forward as SGLang does: every prefill batch (``#running-req`` is the running
+        batch its new sequences join), every :data:`DECODE_LOG_INTERVAL`-th decode batch."""
         s = self.sched
         if fwd.kind == "prefill":
-            wall = time.monotonic()
-            if wall - self._last_prefill_log >= 1.0:
-                self._last_prefill_log = wall
-                log(f"{stamp()} Prefill batch. #new-seq: {fwd.batch}, #new-token: {fwd.tokens}, #cached-token: 0, "
-                    f"token usage: {s.token_usage():.2f}, #running-req: {len(s.running)}, #queue-req: {len(s.waiting)},")
+            log(f"{stamp()} Prefill batch. #new-seq: {fwd.batch}, #new-token: {fwd.tokens}, #cached-token: 0, "
+                f"token usage: {s.token_usage():.2f}, #running-req: {running_before}, #queue-req: {len(s.waiting)},")
             return
         if s.decode_forwards % DECODE_LOG_INTERVAL:
             return

@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 import requests
 
+from autotune.load_signals import LoadSignals, raises_called_for
 from autotune.sim import Workload, load_scenario, predict
 from autotune.sim.args import args_from_mapping
 
@@ -219,3 +220,31 @@ def test_builtin_glm5_serves(sim_server) -> None:
     assert sp.wait_ready()
     r = _post(sp.url + "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2}})
     assert r.json()["meta_info"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize(("cap", "full"), [(16, True), (256, False)], ids=["cap-full", "cap-room"])
+def test_the_scheduler_log_shows_a_full_running_cap_as_the_model_does(sim_server, cap: int, full: bool) -> None:
+    """The runner's reading of SGLang's scheduler lines (:class:`LoadSignals`) finds the same
+    thing in the server's log as the model's scheduler: with ``--max-running-requests 16`` under
+    48 clients, 16 in flight and requests waiting; with room for them all, all 48 in flight and
+    none waiting then."""
+    sp = sim_server(TINY, "--max-running-requests", str(cap), seed=3)
+    assert sp.wait_ready()
+    n, conc, inp, out = 96, 48, 32, 16
+    asyncio.run(_load(sp.url, n, conc, inp, out))
+    served = LoadSignals()
+    for line in sp.log().splitlines():
+        served.observe(line)
+    modelled = predict(load_scenario(TINY), args_from_mapping({"max_running_requests": cap}), {},
+                       Workload(conc, n, inp, out), seed=3).signals
+    assert served.lines > 0 and modelled.lines > 0, sp.log()
+    for signals in (served, modelled):
+        if full:
+            assert signals.in_flight_max == cap and signals.queued_at_max > 0
+            assert raises_called_for(signals, {"cap": "queued"}, {"cap": cap}, conc) == {"cap": conc}
+        else:  # the clients' 48 never fill 256 slots: none waits once they are all in (some wait
+            # for a prefill's token budget before), nothing to raise
+            assert signals.in_flight_max == conc and signals.queued_at_max == 0
+            assert raises_called_for(signals, {"cap": "queued"}, {"cap": cap}, conc) == {}
+        assert signals.demand_max <= conc
+    assert modelled.demand_max == conc  # the model's ideal clients all arrive at once
