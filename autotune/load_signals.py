@@ -8,7 +8,8 @@ reads two things off them, and so does the sampler (:mod:`autotune.samplers`):
 
 - **Requests waited while the running cap was full.** ``--max-running-requests 64`` under 1024
   concurrent clients runs 64 at a time and queues the rest; the field report this project comes
-  from raised it to 1024 and took throughput from about 880 to 3,740 tok/s. A parameter the
+  from raised it to 1024 (with FlashInfer's MoE autotune turned on in the same step) and took
+  total throughput from about 880 to 3,740 tok/s. A parameter the
   space declares ``raise_when: queued`` is raised to the demand the log showed.
 - **More requests ran at once than the parameter's value.** SGLang captures CUDA graphs for
   decode batches up to ``--cuda-graph-max-bs``; a larger batch runs without one (its decode line
