@@ -5,15 +5,19 @@ against the simulator's own model.
     python bench/explain_truth.py --json                # one JSON document instead of the tables
     python bench/explain_truth.py --studies 5 --long-studies 0 --scenario rtx6000-pcie-glm5
 
-No server is launched. Each study is an in-memory Optuna study with the driver's own sampler
-(``make_sampler("tpe", seed)``: multivariate TPE, 8 start-up trials), the baseline enqueued first
-as the driver does. Each trial's launch (``SearchSpace.to_launch``: the env vars and flags a real
+No server is launched. Each study is an in-memory Optuna study with the driver's own sampler,
+made as the driver makes it (``make_sampler("tpe", seed, ...)`` with the space's rules,
+``monotone`` and ``raise_when`` declarations: :class:`autotune.samplers.CrashAwareTPESampler`),
+the baseline enqueued first as the driver does (the driver's skips of implied failures are not
+replayed: every proposal is launched). Each trial's launch (``SearchSpace.to_launch``: the env vars and flags a real
 trial gets, rules repaired) is parsed with the simulated server's own argparse and given to
 ``autotune.sim.model.predict`` under the ``quick`` objective's load (192 requests, 192 in flight,
 64 in / 16 out) with the noise of ``AUTOTUNE_SIM_SEED=seed``, and recorded exactly as the driver
 records it: ok -> COMPLETE with the output throughput and user attrs ``outcome=ok,
 feasible=True, applied``; a failure -> PRUNED with ``outcome=infeasible, feasible=False,
-failure_kind=<the model's outcome>, applied``.
+failure_kind=<the model's outcome>, applied``; a measured trial also records what its
+scheduler log would show (``load_signals``) and the load's concurrency, which the sampler's
+raises read.
 
 Two study designs per built-in scenario:
 
@@ -80,9 +84,10 @@ from autotune.analysis import MIN_SUPPORT, MONOTONE_ATTR, explain
 from autotune.crash_rules import Condition
 from autotune.demo import DEMO_CONFIG
 from autotune.driver import make_sampler
+from autotune.load_signals import ATTR as SIGNALS_ATTR
 from autotune.sim.args import parse_server_args
 from autotune.sim.engine import configure
-from autotune.sim.model import Workload, predict
+from autotune.sim.model import Prediction, Workload, predict
 from autotune.sim.scenario import load_scenario
 from autotune.space import SearchSpace
 
@@ -156,15 +161,15 @@ def _launch(d: Design, params: dict[str, Any]) -> tuple[Any, dict[str, str]]:
 
 
 @lru_cache(maxsize=400_000)
-def _predict(d: Design, applied: tuple[tuple[str, Any], ...], seed: int | None) -> tuple[str, float]:
+def _predict(d: Design, applied: tuple[tuple[str, Any], ...], seed: int | None) -> Prediction:
     args, env = _launch(d, dict(applied))
-    p = predict(_scenario(d.scenario), args, env, WORKLOAD, seed=seed)
-    return p.outcome, p.output_throughput
+    return predict(_scenario(d.scenario), args, env, WORKLOAD, seed=seed)
 
 
 def outcome(d: Design, params: dict[str, Any], seed: int | None = None) -> tuple[str, float]:
     """(the model's outcome, output throughput) of one point of the design's space."""
-    return _predict(d, tuple(sorted(d.space.repair(params).items())), seed)
+    p = _predict(d, tuple(sorted(d.space.repair(params).items())), seed)
+    return p.outcome, p.output_throughput
 
 
 @lru_cache(maxsize=400_000)
@@ -220,19 +225,23 @@ def channels_matter(d: Design, params: dict[str, Any], kind: str) -> bool:
 def run_study(d: Design, seed: int, trials: int, sampler: str = "tpe") -> optuna.Study:
     """One study as the driver runs it (see the module docstring), in memory: the baseline, then
     ``trials`` more."""
+    sampler_ = make_sampler(sampler, seed, launched_as=d.space.repair, monotone=d.space.monotone(),
+                            raise_when=d.space.raise_when())
     study = optuna.create_study(study_name=f"{d.scenario}/{d.name}/s{seed}/n{trials + 1}", direction="maximize",
-                                sampler=make_sampler(sampler, seed))
+                                sampler=sampler_)
     study.set_user_attr(MONOTONE_ATTR, d.space.monotone())  # as the driver stores it: rules' scopes
     study.enqueue_trial(dict(d.baseline), user_attrs={"baseline": True})
     for _ in range(trials + 1):
         trial = study.ask()
         launch = d.space.to_launch(d.space.suggest(trial))
-        kind, value = outcome(d, dict(launch.applied), seed)
+        p = _predict(d, tuple(sorted(launch.applied.items())), seed)
+        kind, value = p.outcome, p.output_throughput
         trial.set_user_attr("applied", dict(launch.applied))
         trial.set_user_attr("env", {**BASE_ENV, **launch.env})
         if kind == "ok":
             for k, v in (("outcome", "ok"), ("feasible", True), ("failure_kind", None),
-                         ("metrics", {"output_throughput": value})):
+                         ("metrics", {"output_throughput": value, "max_concurrency": float(WORKLOAD.concurrency)}),
+                         (SIGNALS_ATTR, p.signals.to_attr())):
                 trial.set_user_attr(k, v)
             study.tell(trial, value)
         else:
