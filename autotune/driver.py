@@ -161,8 +161,8 @@ def make_sampler(kind: str, seed: int | None, *, slots: int = 1,
     that redraws proposals falling into a region where every trial crashed, as `autotune bench
     tuner` compares in docs/BENCHMARKS.md; ``monotone`` (the space's declarations) is what it
     backs off along while no trial has run, ``raise_when`` the parameters it raises when the best
-    trial's scheduler log calls for it (:mod:`autotune.load_signals`). Each of them runs multi-objective studies too: Optuna
-    5's TPE splits such a history by non-domination rank and ranks every trial with a positive
+    trial's scheduler log calls for it (:mod:`autotune.load_signals`). Each of them runs
+    multi-objective studies too: Optuna 5's TPE splits such a history by non-domination rank and ranks every trial with a positive
     constraint (PRUNED included) below the feasible ones, the crash regions depend on outcomes
     only, and the GP sampler has a constrained multi-objective acquisition.
     """

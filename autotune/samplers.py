@@ -114,7 +114,8 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
     no repeated configuration (module docstring).
 
     Contract: TPE's random start-up as it is, unless a raise is called for (``raise_when``, with
-    ``probes``); then each relative proposal is a raise, a coverage probe (``probes``) or TPE's, redrawn out of crash regions and repeats as described. With
+    ``probes``); then each relative proposal is a raise, a coverage probe (``probes``) or TPE's,
+    redrawn out of crash regions and repeats as described. With
     ``avoid_crashes=False`` and ``probes=False`` it is TPE alone. A seeded study stays
     reproducible: every random choice comes from a generator seeded with the study's seed. A
     multi-objective study has no incumbent: it gets no probes.
@@ -308,8 +309,8 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
                                     incumbent.params, metrics.get("max_concurrency"))
         if not targets:
             return None
-        running = {self._launch_key(t.params) for t in study._get_trials(deepcopy=False, states=(TrialState.RUNNING,))  # noqa: SLF001
-                   if t.params}
+        in_flight = study._get_trials(deepcopy=False, states=(TrialState.RUNNING,))  # noqa: SLF001
+        running = {self._launch_key(t.params) for t in in_flight if t.params}
         for name in sorted(targets):
             dist = search_space[name]
             if not isinstance(dist, (IntDistribution, FloatDistribution)):
@@ -320,7 +321,9 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
             probe = {n: incumbent.params[n] for n in search_space}
             probe[name] = value
             key = self._launch_key(probe)
-            if key not in launched and key not in running and (not self.avoid_crashes or self.worth(study, probe) >= 1.0):
+            if key in launched or key in running:
+                continue
+            if not self.avoid_crashes or self.worth(study, probe) >= 1.0:
                 return probe
         return None
 

@@ -316,7 +316,8 @@ def test_the_best_trials_scheduler_log_raises_the_cap_it_found_full() -> None:
     kv_bound = optuna.create_study(direction="maximize")
     _ran(kv_bound, base, 500.0, LoadSignals(in_flight_max=50, queued_max=100, demand_max=150, queued_at_max=100,
                                               lines=9), baseline=True)
-    assert _relative(kv_bound, CrashAwareTPESampler(seed=3, raise_when={"slots": "queued"}))[1] != {**base, "slots": 192}
+    kv_sampler = CrashAwareTPESampler(seed=3, raise_when={"slots": "queued"})
+    assert _relative(kv_bound, kv_sampler)[1] != {**base, "slots": 192}
 
 
 def test_a_raise_into_a_region_where_every_trial_crashed_is_not_proposed() -> None:
