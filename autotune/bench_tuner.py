@@ -161,10 +161,6 @@ class Evaluator:
         self._ex = setup.executor(None, ready_timeout_s=math.inf)
         self._memo: dict[tuple[tuple[str, Any], ...], float | None] = {}
 
-    def applied(self, params: dict[str, ParamValue]) -> dict[str, ParamValue]:
-        """The values launched for ``params`` (rules repaired)."""
-        return self.space.to_launch(params).applied
-
     def value(self, params: dict[str, ParamValue]) -> float | None:
         launch = self.space.to_launch(params)
         key = tuple(sorted(launch.applied.items()))
@@ -227,7 +223,7 @@ def find_optimum(setup: Setup, *, random_points: int = OPTIMUM_RANDOM, starts: i
         dists = space.distributions()
         found: dict[tuple[tuple[str, Any], ...], float] = {}
         for _ in range(random_points):
-            params = ev.applied(probe.ask(dists).params)
+            params = ev.space.applied(probe.ask(dists).params)
             v = ev.value(params)
             if v is not None:
                 found[tuple(sorted(params.items()))] = v
@@ -267,7 +263,7 @@ def _climb(ev: Evaluator, space: SearchSpace, params: dict[str, ParamValue], val
             moves += [{rule.lower: v, rule.upper: v} for v in axes[rule.lower]
                       if space.parameters[rule.upper].out_of_range(v) is None]
         for move in moves:
-            candidate = ev.applied({**params, **move})
+            candidate = ev.space.applied({**params, **move})
             v = ev.value(candidate)
             if ev.better(v, value):
                 params, value, improved = candidate, v, True  # type: ignore[assignment]

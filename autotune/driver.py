@@ -268,7 +268,7 @@ class Driver:
         seed = derived_seed(self.config.seed, len(study.trials))
         study.sampler = (self.sampler_factory(seed) if self.sampler_factory is not None
                          else make_sampler(self.config.sampler, seed, slots=self.executor.capacity(),
-                                           launched_as=self._applied, monotone=self.space.monotone(),
+                                           launched_as=self.space.applied, monotone=self.space.monotone(),
                                            raise_when=self.space.raise_when()))
         if "config" not in study.user_attrs:
             study.set_user_attr("config", self._stored_config())
@@ -307,10 +307,6 @@ class Driver:
             baseline = self.space.complete(self.config.baseline)
             study.enqueue_trial(baseline, user_attrs={"baseline": True}, skip_if_exists=True)
         return study
-
-    def _applied(self, params: dict[str, Any]) -> dict[str, Any]:
-        """The values a trial of raw ``params`` launches (the space's rules repaired)."""
-        return dict(self.space.to_launch(params).applied)
 
     def _record_host_facts(self, study: optuna.Study) -> None:
         """What each host says about its GPUs, driver and NCCL (for the profile's provenance), in

@@ -30,7 +30,6 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 RaiseWhen = Literal["queued", "running-above"]
-RAISE_WHEN: tuple[str, ...] = ("queued", "running-above")
 """The signals a parameter's ``raise_when`` may name (module docstring)."""
 
 ATTR = "load_signals"
@@ -133,4 +132,4 @@ def raises_called_for(signals: LoadSignals | None, declared: Mapping[str, str], 
     return out
 
 
-__all__ = ["ATTR", "RAISE_WHEN", "LoadSignals", "RaiseWhen", "raises_called_for"]
+__all__ = ["ATTR", "LoadSignals", "RaiseWhen", "raises_called_for"]

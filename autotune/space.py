@@ -38,6 +38,7 @@ from autotune import _resources
 from autotune._yaml import load_yaml_mapping, one_line
 from autotune.errors import ConfigError
 from autotune.failures import INFEASIBLE_KINDS
+from autotune.load_signals import RaiseWhen
 
 UNSET = "unset"
 MAX_INT = 2**53  # int parameters travel through floats in the samplers
@@ -97,7 +98,7 @@ class Parameter(BaseModel):
     failure at every value beyond x in that direction when the other parameters are the same
     (``mem_fraction_static: {oom: up, not-enough-memory: down}``); the driver skips such a
     configuration instead of launching it (:mod:`autotune.implied`)."""
-    raise_when: Literal["queued", "running-above"] | None = None
+    raise_when: RaiseWhen | None = None
     """The engine's scheduler log that calls for a larger value (:mod:`autotune.load_signals`):
     ``queued`` for a cap on the requests served at once (requests waited while it was full),
     ``running-above`` for a limit that more requests at once outgrow (CUDA graphs captured up to
@@ -428,9 +429,13 @@ class SearchSpace:
             names += [n for c in p.companions for n in (c.env, c.flag) if n]
         return names
 
+    def applied(self, values: dict[str, ParamValue]) -> dict[str, ParamValue]:
+        """The values a launch of ``values`` applies: the rules repaired, each value normalised."""
+        return {n: self.parameters[n].normalise(v) for n, v in self.repair(values).items()}
+
     def to_launch(self, values: dict[str, ParamValue]) -> Launch:
         """The env vars and flags for one launch (rules repaired first)."""
-        applied = {n: self.parameters[n].normalise(v) for n, v in self.repair(values).items()}
+        applied = self.applied(values)
         env: dict[str, str] = {}
         args: list[str] = []
         for n, p in self.parameters.items():

@@ -40,7 +40,7 @@ def main() -> None:
     dists = setup.space.distributions()
     rows = []
     for _ in range(a.configurations):
-        params = ev.applied(sampler.ask(dists).params)
+        params = ev.space.applied(sampler.ask(dists).params)
         value = ev.value(params)
         rows.append((params, None if value is None else value / opt.value))
     n = len(rows)
