@@ -33,7 +33,15 @@ cover:
    because a rule must be told from the trials that could have refuted it: in a study where
    every trial that did not fail with a NCCL error went out of memory first, "low
    ``mem_fraction_static`` -> nccl-error" is no rule, whatever its purity (the NCCL errors
-   show only where the OOMs did not pre-empt them).
+   show only where the OOMs did not pre-empt them). And its failures came in at least
+   ``MIN_SUPPORT`` settings of the *other* parameters (:class:`_Settings`; or in as many as the
+   study's trials hold): five failures of one configuration with only the rule's own parameters
+   moved -- a probe of every draft-token count around one incumbent -- show what fails at that
+   configuration, not what fails whatever the rest. On the GLM-5
+   host such rules (``mem_fraction_static >= 0.9 & speculative_num_draft_tokens >= 2 ->
+   nccl-error (6 of 6)``, five of the six at one setting of the rest) held 18 % of the time over
+   the configurations their studies explored: the NCCL buffers fit or not by the memory all the
+   other parameters leave.
 3. **The search is paid for**: a one-condition rule must also be one that, had the failures
    nothing to do with the parameters, would turn up as surely among *all* the candidate
    conditions in fewer than ``alpha_family`` of ``permutations`` shuffles of the outcomes over
@@ -121,6 +129,10 @@ from autotune.study_view import TrialView
 
 MIN_SUPPORT = 3
 """Fewest failures a crash rule rests on..."""
+SETTINGS_APART = 1
+"""...in settings of the other parameters that differ from each other in this many of them (2,
+which took a probe that moved one parameter of a failed configuration for the same setting,
+lost Tree rules on the explain bench: the probes of successive best trials, a parameter apart)..."""
 MIN_PAIR_SUPPORT = 5
 """...and a two-condition one (the module docstring, step 5)."""
 MIN_PRECISION = 0.8
@@ -390,6 +402,42 @@ Chosen = tuple[tuple[int, ...], np.ndarray, list[int], list[int]]
 indices of the conditions as sure as it at the step that took it."""
 
 
+class _Settings:
+    """The finished trials' settings of every parameter but some (the module docstring, step 2):
+    a rule over parameters ``P`` rests on failures in at least ``MIN_SUPPORT`` settings of the
+    parameters other than ``P`` that differ from each other in at least :data:`SETTINGS_APART`
+    of them, or in as many such as the study tried (a study that varied only ``P`` has one)."""
+
+    def __init__(self, rows: Sequence[TrialView]) -> None:
+        self.names = sorted({k for v in rows for k in v.params})
+        columns = []
+        for name in self.names:
+            index: dict[str, int] = {}
+            columns.append([index.setdefault(repr(v.params.get(name)), len(index)) for v in rows])
+        self.codes = np.array(columns, dtype=np.int64).T.reshape(len(rows), len(self.names))
+        self._tried: dict[frozenset[str], int] = {}
+
+    def apart(self, names: frozenset[str], rows: np.ndarray) -> int:
+        """How many of ``rows`` (a mask), taken in order, differ from every one taken before in
+        at least ``SETTINGS_APART`` parameters not in ``names``; counted up to ``MIN_SUPPORT``."""
+        sub = self.codes[np.flatnonzero(rows)][:, [i for i, n in enumerate(self.names) if n not in names]]
+        kept: list[int] = []
+        for r in range(len(sub)):
+            if not kept or bool(((sub[kept] != sub[r]).sum(axis=1) >= SETTINGS_APART).all()):
+                kept.append(r)
+                if len(kept) >= MIN_SUPPORT:
+                    break
+        return len(kept)
+
+    def enough(self, names: set[str], rows: np.ndarray) -> bool:
+        """Whether ``rows`` (a mask) hold ``MIN_SUPPORT`` settings apart of the parameters not in
+        ``names``, or as many as the study's trials hold."""
+        key = frozenset(names)
+        if key not in self._tried:
+            self._tried[key] = self.apart(key, np.ones(len(self.codes), dtype=bool))
+        return self.apart(key, rows) >= self._tried[key]
+
+
 class _Cover:
     """The sequential greedy cover of one kind's failures (the module docstring, steps 2-6).
 
@@ -400,9 +448,11 @@ class _Cover:
 
     def __init__(self, kind_fail: np.ndarray, weight: np.ndarray, conds: list[Condition], masks: np.ndarray,
                  params_of: np.ndarray, bounds: dict[bytes, float], dense: np.ndarray,
-                 exposed: np.ndarray | None = None) -> None:
+                 exposed: np.ndarray | None = None, settings: _Settings | None = None) -> None:
         self.kind_fail, self.weight, self.conds, self.masks, self.params_of = kind_fail, weight, conds, masks, params_of
         self.dense = dense
+        self.settings = settings
+        """The rows' settings of the other parameters (:class:`_Settings`); None: not checked."""
         self.exposed = exposed
         """Per condition, the rows it covers whose failure (of another kind) a rule on the
         condition's own parameter explains: they count ``OTHER_WEIGHT`` against it, not
@@ -449,6 +499,13 @@ class _Cover:
 
     def valid(self, fail: np.ndarray, agn: np.ndarray) -> np.ndarray:
         return (fail >= MIN_SUPPORT) & (fail >= MIN_PRECISION * (fail + agn) - 1e-9)
+
+    def spread(self, idx: Sequence[int], mask: np.ndarray) -> bool:
+        """Whether the failures of the kind that the rule ``idx`` covers among the active rows
+        came in enough settings of the other parameters (the module docstring, step 2)."""
+        if self.settings is None:
+            return True
+        return self.settings.enough({str(self.params_of[i]) for i in idx}, mask & self.kind_fail & self.active)
 
     def family_bound(self) -> float:
         """The largest chance a one-condition rule may have so that, had the failures nothing to
@@ -506,7 +563,7 @@ class _Cover:
         counts = self.stats(self.every) if counts is None else counts  # given: the active rows unchanged
         fail, agn, nag, cov = counts
         ranked = self.pick(fail, agn, nag, cov, ALPHA, family=True, count=MAX_RANKED,
-                           extra_ok=(lambda j: j not in self.banned) if self.banned else None)
+                           extra_ok=lambda j: j not in self.banned and self.spread((j,), self.masks[j]))
         if not ranked:
             return [], counts
 
@@ -542,8 +599,12 @@ class _Cover:
 
         def both_needed(flat: int) -> bool:
             """Among the rows one condition covers, the other picks out the failures beyond
-            chance, both ways (else it is one condition plus a coincidence)."""
-            for x in divmod(flat, n):
+            chance, both ways (else it is one condition plus a coincidence); and the failures
+            came in enough settings of the other parameters."""
+            a, b = divmod(flat, n)
+            if not self.spread((cand[a], cand[b]), self.masks[cand[a]] & self.masks[cand[b]]):
+                return False
+            for x in (a, b):
                 within, k_within = int(fail1[cand[x]] + nag1[cand[x]]), int(fail1[cand[x]])
                 if hypergeom_tail(within, k_within, int(fail2.flat[flat] + nag2.flat[flat]),
                                   int(fail2.flat[flat])) > ALPHA_WITHIN:
@@ -570,6 +631,7 @@ class _Cover:
         fail, agn, nag, cov = self.stats(cand)
         keep = self.chance(fail, nag) <= ALPHA
         better = keep & (fail > f.sum()) & self.valid(fail, agn)
+        better &= np.array([self.spread((c,), self.masks[c]) for c in cand]) if better.any() else better
         if better.any():
             c = int(cand[np.flatnonzero(better)[np.argmax(fail[better])]])
             return self.rivals((c,), self.masks[c])
@@ -643,6 +705,7 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
     kinds = sorted({k for k in kinds_of if k})
     conds, masks = candidate_conditions(rows)
     params_of = np.array([c.param for c in conds], dtype=object)
+    settings = _Settings(rows)
     family_bounds: dict[bytes, float] = {}
     dense = masks.astype(np.float32)
     Found = dict[str, list[Chosen]]
@@ -668,7 +731,7 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
 
     def run(explained: np.ndarray, by_param: dict[str, np.ndarray]) -> Found:
         return {kind: _Cover(kinds_of == kind, weights(kind, explained), conds, masks, params_of, family_bounds, dense,
-                             exposed(kind, by_param)).run()
+                             exposed(kind, by_param), settings).run()
                 for kind in kinds}
 
     def explained_by(found: Found) -> tuple[np.ndarray, dict[str, np.ndarray]]:

@@ -678,3 +678,41 @@ def test_no_effect_is_not_claimed_over_a_value_with_an_effect(seed: int) -> None
     if ncds["verdict"] == "no measurable effect":
         low, high = ncds["matched"]["over"]
         assert not low <= 2 <= high, ncds
+
+
+@pytest.mark.parametrize("settings", [1, 3])
+def test_a_rule_rests_on_failures_in_three_settings_of_the_other_parameters(tmp_path: Path, settings: int) -> None:
+    """The NCCL buffers no longer fit once speculation's draft model takes its share of a high
+    memory fraction, at the settings of the rest where memory was already short. A study that
+    probed every draft-token count around one incumbent (0.92, speculation off, which ran) saw
+    five failures, all at that one setting of the other parameters: they show that speculation
+    fails *there*, not that it fails at 0.92 whatever the rest (on the explain bench's GLM-5 host
+    such rules, ``mem_fraction_static >= 0.9 & speculative_num_draft_tokens >= 2 -> nccl-error``,
+    held 18 % of the time over the configurations the study explored). No rule, and the five
+    stay unexplained. The same failures at three settings of the rest make the rule."""
+    own = ("speculative_num_draft_tokens", "mem_fraction_static")
+    bases = [_random_params(random.Random(100 + i)) for i in range(settings)]
+
+    def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
+        short = any(all(p[k] == b[k] for k in p if k not in own) for b in bases)
+        if short and p["mem_fraction_static"] >= 0.92 and p["speculative_num_draft_tokens"] != "unset":
+            return "nccl-error", 0.0
+        return None, _throughput(p, rng)
+
+    drafts = [2, 3, 4, 6, 8]
+    probes = [{**bases[i % settings], "mem_fraction_static": 0.92, "speculative_num_draft_tokens": d}
+              for i, d in enumerate(drafts)]
+    incumbents = [{**bases[i % settings], "mem_fraction_static": 0.92, "speculative_num_draft_tokens": "unset"}
+                  for i in range(6)]
+    elsewhere = [{"mem_fraction_static": round(0.5 + 0.01 * k, 2),  # never short of memory, speculation seldom
+                  "speculative_num_draft_tokens": drafts[k // 5 % 5] if k % 5 == 0 else "unset"} for k in range(40)]
+    study, _ = _study(tmp_path, f"settings-{settings}", 0, judge, fixed=incumbents + probes + elsewhere)
+    doc = explain(study)
+    failed = sorted(t.number for t in study.trials if t.user_attrs["failure_kind"])
+    assert len(failed) == 5
+    if settings == 1:
+        assert _rules(doc) == [] and doc["unexplained_failures"]["trials"] == failed
+    else:
+        (rule,) = doc["failure_rules"]
+        assert rule["trials"] == failed and rule["kind"] == "nccl-error"
+        assert any(c["param"] == "speculative_num_draft_tokens" for c in rule["conditions"])
