@@ -83,14 +83,15 @@ def make_runner(cfg: StudyConfig, objective: Objective, host: Host, slot: Slot, 
     """The runner of ``cfg``'s target and ``objective`` (as loaded by the driver: a task on a Ray
     node must not look for the objective's file there) on ``host``, with ``slot``'s environment."""
     target = cfg.target
+    preset = get_preset(target.engine)
     return TrialRunner(
         host,
-        get_preset(target.engine),
+        preset,
         objective,
         log_dir=log_dir,
         template=target.command,
         fields=runner_fields(target),
-        fixed_env={**target.env, **slot.env()},
+        fixed_env={**preset.env, **target.env, **slot.env()},
         ready_timeout_s=target.ready_timeout_s,
         log_stall_s=target.log_stall_s,
         ready_path=target.ready_path,

@@ -32,7 +32,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune._text import one_line
 from autotune.failures import COMMON_PATTERNS, NOTABLE
-from autotune.study_view import TrialView, objectives, view
+from autotune.study_view import TrialView, load_text, objectives, proposal_text, view
 
 NOTE_HASH_PREFIX = "autotune:note:"
 """Study system attr ``autotune:note:<trial_id>``: sha256 of the note autotune last wrote."""
@@ -157,6 +157,11 @@ def trial_note(v: TrialView, *, metric: str | None = None, constraints: Mapping[
     out.append(f"**Outcome:** {_text(words)}{value}. Optuna state: {_code(v.state)}.")
     if v.state in _STATE_WORDS and v.outcome in ("infeasible", "fault", "skipped"):
         out.append(_STATE_WORDS[v.state])
+    why, load = proposal_text(v.proposed), load_text(v.load_signals)
+    if why:
+        out += ["", f"**Proposed:** {_text(why)}."]
+    if load:
+        out += ["", f"**Load in the engine's log:** {_text(load)}."]
     if v.outcome == "stopped":
         out.append("")
         out.append(f"**Stopped early** {_text((v.early_stop or {}).get('message') or '')}.")

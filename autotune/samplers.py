@@ -79,6 +79,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.analysis import analysed_views, failure_rules
 from autotune.crash_rules import is_number
 from autotune.load_signals import ATTR as SIGNALS_ATTR, LoadSignals, raises_called_for
+from autotune.study_view import PROPOSED_ATTR
 
 TPE_STARTUP_TRIALS = 4
 """Random trials before TPE models the study (serial; see :func:`tpe_sampler` for parallel)."""
@@ -161,13 +162,17 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
                 params = back_off or {n: self._random.sample_independent(study, trial, n, d)
                                       for n, d in search_space.items()}
                 if self._launch_key(params) not in launched:
+                    if back_off:
+                        _record(study, trial, {"by": "back-off"})
                     return params
                 back_off = self._back_off(finished, search_space) if back_off else None
             return params
         if incumbent is not None and self.raise_when:
             raised = self._raised(study, incumbent, search_space, launched)
             if raised is not None:
-                return raised
+                params, why = raised
+                _record(study, trial, why)
+                return params
         if incumbent is not None and len(finished) >= PROBE_AFTER and trial.number % PROBE_EVERY == 0:
             name = self._next_parameter(search_space, incumbent, finished)
             baseline = next((t.params for t in finished if t.user_attrs.get("baseline")), {})
@@ -177,6 +182,7 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
                 probe[name] = (values[rank] if rank < len(values)
                                else self._least_explored(finished, name, search_space[name], probe[name], rank - len(values)))
                 if self._launch_key(probe) not in launched and (not self.avoid_crashes or self.worth(study, probe) >= 1.0):
+                    _record(study, trial, {"by": "probe", "param": name, "around": incumbent.number})
                     return probe
             # every probe of this parameter is launched already or in a crash region: TPE's turn
         params = self.tpe.sample_relative(study, trial, search_space)
@@ -298,15 +304,16 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         return None
 
     def _raised(self, study: optuna.Study, incumbent: FrozenTrial, search_space: dict[str, BaseDistribution],
-                launched: set[tuple[tuple[str, str], ...]]) -> dict[str, Any] | None:
+                launched: set[tuple[tuple[str, str], ...]]) -> tuple[dict[str, Any], dict[str, Any]] | None:
         """The incumbent with one declared parameter raised to what its load's scheduler log
         called for (:func:`~autotune.load_signals.raises_called_for`), the parameters in name
-        order; None when its log called for none, or each such configuration is launched already
-        (or running) or inside a crash region."""
+        order, and why (:data:`~autotune.study_view.PROPOSED_ATTR`); None when its log called
+        for none, or each such configuration is launched already (or running) or inside a crash
+        region."""
         declared = {n: w for n, w in self.raise_when.items() if n in search_space}
         metrics = incumbent.user_attrs.get("metrics") or {}
-        targets = raises_called_for(LoadSignals.from_attr(incumbent.user_attrs.get(SIGNALS_ATTR)), declared,
-                                    incumbent.params, metrics.get("max_concurrency"))
+        signals = LoadSignals.from_attr(incumbent.user_attrs.get(SIGNALS_ATTR))
+        targets = raises_called_for(signals, declared, incumbent.params, metrics.get("max_concurrency"))
         if not targets:
             return None
         in_flight = study._get_trials(deepcopy=False, states=(TrialState.RUNNING,))  # noqa: SLF001
@@ -324,7 +331,10 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
             if key in launched or key in running:
                 continue
             if not self.avoid_crashes or self.worth(study, probe) >= 1.0:
-                return probe
+                assert signals is not None  # raises_called_for gave a target
+                return probe, {"by": "raise", "param": name, "from": incumbent.params[name], "to": value,
+                               "after": incumbent.number, "signal": declared[name],
+                               "in_flight": signals.in_flight_max, "waiting": signals.queued_at_max}
         return None
 
     @staticmethod
@@ -419,6 +429,11 @@ def _kind(t: FrozenTrial) -> str | None:
 
 def _kinds(trials: Sequence[FrozenTrial]) -> set[str]:
     return {k for k in map(_kind, trials) if k}
+
+
+def _record(study: optuna.Study, trial: FrozenTrial, why: dict[str, Any]) -> None:
+    """Store why the sampler proposed ``trial``'s parameters (:data:`~autotune.study_view.PROPOSED_ATTR`)."""
+    study._storage.set_trial_system_attr(trial._trial_id, PROPOSED_ATTR, why)  # noqa: SLF001
 
 
 def _key(params: dict[str, Any]) -> tuple[tuple[str, str], ...]:

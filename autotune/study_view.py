@@ -20,9 +20,49 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune._stats import mean_interval, t95
 from autotune.errors import StudyNotFoundError
+from autotune.load_signals import ATTR as SIGNALS_ATTR
 from autotune.pareto import Choice, ChoiceRule, Goal, choose
 from autotune.secrets import secret_args_from_attr
 from autotune.storage import has_studies, open_storage
+
+
+PROPOSED_ATTR = "autotune:proposed"
+"""Trial system attr: why the default sampler (:mod:`autotune.samplers`) proposed the trial's
+configuration, where it was not TPE's (or a start-up) draw: ``{"by": "raise", "param",
+"from", "to", "after": trial, "signal": "queued" | "running-above", "in_flight", "waiting"}``,
+``{"by": "probe", "param", "around": trial}`` or ``{"by": "back-off"}``."""
+
+
+def proposal_text(why: dict[str, Any] | None) -> str | None:
+    """Why a trial was proposed, in words (:data:`PROPOSED_ATTR`); None where it does not say."""
+    if not why:
+        return None
+    by = why.get("by")
+    if by == "raise":
+        if why.get("signal") == "queued":
+            seen = f"{why.get('waiting')} requests waiting while {why.get('in_flight')} ran"
+        else:
+            seen = f"{why.get('in_flight')} requests running at once"
+        return (f"{why.get('param')} raised from {why.get('from')} to {why.get('to')}: the scheduler log of "
+                f"trial {why.get('after')} (the best so far) showed {seen}")
+    if by == "probe":
+        return f"{why.get('param')} moved alone from trial {why.get('around')} (the best so far), the rest kept"
+    if by == "back-off":
+        return ("the baseline with the parameters the space declares monotone for its failure moved to the "
+                "safe side of the failures so far (a back-off)")
+    return None
+
+
+def load_text(signals: dict[str, int] | None) -> str | None:
+    """What the engine's scheduler log showed of a trial's load, in words; None where it showed nothing."""
+    if not signals or not signals.get("lines"):
+        return None
+    text = f"at most {signals.get('in_flight_max')} requests running at once"
+    if signals.get("queued_at_max"):
+        text += f", with {signals['queued_at_max']} waiting"
+    elif signals.get("queued_max"):
+        text += f"; at most {signals['queued_max']} waiting"
+    return f"{text} ({signals['lines']} scheduler lines)"
 
 
 @dataclass
@@ -56,6 +96,11 @@ class TrialView:
     configuration."""
     early_stop: dict[str, Any] | None = None
     """Why a ``stopped`` trial's load was stopped (:meth:`autotune.early_stop.EarlyStop.to_json`)."""
+    load_signals: dict[str, int] | None = None
+    """What the engine's scheduler log showed of the load (:mod:`autotune.load_signals`)."""
+    proposed: dict[str, Any] | None = None
+    """Why the sampler proposed this configuration (:data:`PROPOSED_ATTR`); None: TPE's draw,
+    a random start-up draw, the baseline, or a trial of an older version."""
 
     @property
     def failure_kind(self) -> str | None:
@@ -75,6 +120,8 @@ class TrialView:
             "startup_s": self.startup_s,
             "slot": self.slot,
             "early_stop": self.early_stop,
+            "load_signals": self.load_signals,
+            "proposed": self.proposed,
         }
 
 
@@ -293,6 +340,8 @@ def view(t: FrozenTrial) -> TrialView:
         slot=ua.get("slot"),
         values=values,
         early_stop=ua.get("early_stop") or None,
+        load_signals=ua.get(SIGNALS_ATTR) or None,
+        proposed=t.system_attrs.get(PROPOSED_ATTR) or None,
     )
 
 

@@ -3,6 +3,7 @@ vLLM print them, and what they call for."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ from autotune.bench_tuner import Setup
 from autotune.driver import Driver, QuietReporter
 from autotune.load_signals import ATTR as SIGNALS_ATTR, LoadSignals, raises_called_for
 from autotune.model_executor import ModelExecutor
+from autotune.notes import note_for
+from tests.test_study import autotune
 
 # SGLang 0.5.23 (sglang/srt/managers/scheduler_components/metrics_reporter.py): a prefill line's
 # #running-req is the running batch its #new-seq join; a decode line's is the batch decoded
@@ -81,3 +84,17 @@ def test_a_study_raises_the_baselines_full_cap_right_after_it(tmp_path: Path) ->
     assert signals is not None and signals.in_flight_max == 128 and signals.queued_at_max == 64
     assert raised.params == {**base.params, "max_running_requests": 192}
     assert raised.value > base.value * 1.2  # 0.59 -> 0.78 of the optimum (docs/BENCHMARKS.md)
+
+    # what a person reads of it: study show, its JSON, the trial's Note in the dashboard
+    why = ("max_running_requests raised from 128 to 192: the scheduler log of trial 0 (the best so far) "
+           "showed 64 requests waiting while 128 ran")
+    shown = autotune("study", "show", "raise", "--storage", f"sqlite:///{tmp_path}/s.db", "--no-excerpts", cwd=tmp_path)
+    assert f"trial 1: {why}" in shown.stdout.replace("\n", " ")
+    doc = json.loads(autotune("study", "show", "raise", "--storage", f"sqlite:///{tmp_path}/s.db", "--json",
+                              cwd=tmp_path).stdout)
+    first, second = doc["trials"]
+    assert first["proposed"] is None and first["load_signals"]["queued_at_max"] == 64
+    assert second["proposed"] == {"by": "raise", "param": "max_running_requests", "from": 128, "to": 192, "after": 0,
+                                  "signal": "queued", "in_flight": 128, "waiting": 64}
+    assert f"**Proposed:** {why}.".replace("_", "\\_") in note_for(study, raised)  # Markdown-escaped
+    assert "**Load in the engine's log:** at most 128 requests running at once, with 64 waiting" in note_for(study, base)

@@ -10,6 +10,7 @@ from optuna.trial import TrialState, create_trial
 from autotune.driver import make_sampler
 from autotune.load_signals import ATTR as SIGNALS_ATTR, LoadSignals
 from autotune.samplers import CrashAwareTPESampler
+from autotune.study_view import PROPOSED_ATTR
 
 DISTS = {"algo": CategoricalDistribution(["Ring", "Tree", "unset"]), "mem": FloatDistribution(0.5, 0.95)}
 
@@ -95,15 +96,17 @@ def test_a_probe_changes_one_parameter_of_the_best_towards_what_was_explored_lea
         params = {"algo": trial.suggest_categorical("algo", DISTS["algo"].choices),
                   "mem": trial.suggest_float("mem", 0.5, 0.95)}
         if trial.number % 2 == 0:
-            probes.append(params)
+            probes.append((params, study._storage.get_trial(trial._trial_id).system_attrs.get(PROPOSED_ATTR)))
         study.tell(trial, state=TrialState.FAIL)  # not counted: each ask sees the same measured trials
     best = {"algo": "Ring", "mem": 0.75}
-    for p in probes:
+    best_number = max((t for t in study.trials if t.value is not None), key=lambda t: t.value).number
+    for p, why in probes:
         changed = [k for k in p if p[k] != best[k]]
         assert len(changed) == 1, p
+        assert why == {"by": "probe", "param": changed[0], "around": best_number}  # what study show tells
         if changed == ["mem"]:
             assert 0.5 <= p["mem"] <= 0.6125, p
-    assert {k for p in probes for k in p if p[k] != best[k]} == {"algo", "mem"}  # the parameters in turn
+    assert {k for p, _ in probes for k in p if p[k] != best[k]} == {"algo", "mem"}  # the parameters in turn
     # TPE alone never probes
     plain = CrashAwareTPESampler(seed=4, probes=False, avoid_crashes=False)
     study.sampler = plain

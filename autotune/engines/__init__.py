@@ -35,6 +35,9 @@ class EnginePreset:
     """After the ready path answers 200, also require one tiny completion to succeed (engines that
     set up batching or check flags at the first request, like transformers serve)."""
     patterns: tuple[Pattern, ...] = field(default=COMMON_PATTERNS)
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Environment every trial's server gets unless the target's ``env`` sets it (vLLM's stats
+    line every second instead of every 10, so the scheduler's load shows in a short trial)."""
 
     def argv(self, *, port: int | str, template: str | None = None, fields: Mapping[str, str] | None = None) -> list[str]:
         """The command (without the trial's flags) for a server listening on ``port``."""

@@ -170,3 +170,26 @@ def test_every_vllm_pattern_is_exercised_by_a_real_text() -> None:
     assert len(vllm_patterns) >= 9
     unused = [p.regex.pattern for p in vllm_patterns if not any(p.regex.search(line) for line in lines)]
     assert unused == []
+
+
+def test_vllm_trials_log_the_scheduler_every_second(tmp_path: Path) -> None:
+    """vLLM logs ``Running: N reqs, Waiting: M reqs`` every VLLM_LOG_STATS_INTERVAL seconds (10 by
+    default): the study's runner sets 1, so a short trial's load shows; the target's env wins."""
+    from autotune.config import StudyConfig
+    from autotune.executors import make_runner
+    from autotune.hosts import LocalHost
+    from autotune.objective import Objective
+    from autotune.slots import Slot
+    from autotune.stopping import StopRequest
+
+    def runner_env(env: dict[str, str]) -> dict[str, str]:
+        cfg = StudyConfig.from_mapping({"name": "v", "space": "vllm_cpu", "objective": "quick",
+                                        "storage": f"sqlite:///{tmp_path}/v.db",
+                                        "target": {"engine": "vllm", "model": "m", "env": env}}, "test")
+        runner = make_runner(cfg, Objective.load_file("quick"), LocalHost(), Slot("local", "local"), stop=StopRequest(),
+                             log_dir=tmp_path)
+        return runner.fixed_env
+
+    assert PRESET.env == {"VLLM_LOG_STATS_INTERVAL": "1"}
+    assert runner_env({})["VLLM_LOG_STATS_INTERVAL"] == "1"
+    assert runner_env({"VLLM_LOG_STATS_INTERVAL": "5", "X": "y"})["VLLM_LOG_STATS_INTERVAL"] == "5"
