@@ -77,7 +77,7 @@ from autotune.slots import Slot, SlotPool
 from autotune.space import SearchSpace
 from autotune.stopping import StopRequest, handle_signals
 from autotune.storage import artifact_dir, check_storage, open_storage
-from autotune.study_view import best_view, measured_configs, trial_views, view
+from autotune.study_view import PROPOSED_ATTR, best_view, measured_configs, proposal_text, trial_views, view
 
 FAILURE_CONSTRAINT = "failure"
 WAIT_S = 1.0
@@ -96,7 +96,8 @@ class Reporter(Protocol):
     """Receives progress events (a live display, or plain lines when not on a terminal)."""
 
     def study_started(self, name: str, done: int, budget: int | None) -> None: ...
-    def trial_started(self, number: int, params: dict[str, Any], baseline: bool, slot: str = "") -> None: ...
+    def trial_started(self, number: int, params: dict[str, Any], baseline: bool, slot: str = "",
+                      why: str | None = None) -> None: ...
     def phase(self, number: int, phase: str, detail: str) -> None: ...
     def trial_finished(self, result: TrialResult, value: float | None, best: float | None) -> None: ...
     def trial_skipped(self, number: int, params: dict[str, Any], reason: str) -> None: ...
@@ -516,7 +517,9 @@ class Driver:
         if slot.gpus is not None:
             trial.set_user_attr("gpus", list(slot.gpus))
         is_baseline = bool(trial.user_attrs.get("baseline"))
-        self.reporter.trial_started(trial.number, launch.applied, is_baseline, slot.name)
+        self.reporter.trial_started(trial.number, launch.applied, is_baseline, slot.name,
+                                    why=proposal_text(study._storage.get_trial_system_attrs(trial._trial_id)  # noqa: SLF001
+                                                      .get(PROPOSED_ATTR)))
         target = self.config.target
         timeout, why = startup_timeout(
             [float(t.user_attrs["startup_s"]) for t in study.get_trials(deepcopy=False)

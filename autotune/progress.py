@@ -60,12 +60,15 @@ class ConsoleReporter:
             self.live = Live(_LiveStatus(self), console=self.console, refresh_per_second=4, transient=True)
             self.live.start()
 
-    def trial_started(self, number: int, params: dict[str, Any], baseline: bool, slot: str = "") -> None:
+    def trial_started(self, number: int, params: dict[str, Any], baseline: bool, slot: str = "",
+                      why: str | None = None) -> None:
         self.running[number] = _Running(time.monotonic())
         tag = " (baseline)" if baseline else ""
         where = f" on {slot}" if slot and slot != "local" else ""
         shown = " ".join(f"{k}={v}" for k, v in params.items() if v != "unset")
         self.console.print(Text(f"trial {number}{tag}{where}: {shown}", style="dim"))
+        if why:  # why the sampler proposed it (a raise the scheduler log called for, a probe, a back-off)
+            self.console.print(Text(f"  {why}", style="dim"))
         self.phase(number, "launching", "")
 
     def phase(self, number: int, phase: str, detail: str) -> None:

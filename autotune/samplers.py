@@ -319,11 +319,8 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         in_flight = study._get_trials(deepcopy=False, states=(TrialState.RUNNING,))  # noqa: SLF001
         running = {self._launch_key(t.params) for t in in_flight if t.params}
         for name in sorted(targets):
-            dist = search_space[name]
-            if not isinstance(dist, (IntDistribution, FloatDistribution)):
-                continue
-            value = _snap(dist, min(dist.high, targets[name]))
-            if value <= incumbent.params[name]:
+            value = _raised_to(search_space[name], targets[name])
+            if value is None or value <= incumbent.params[name]:
                 continue
             probe = {n: incumbent.params[n] for n in search_space}
             probe[name] = value
@@ -429,6 +426,19 @@ def _kind(t: FrozenTrial) -> str | None:
 
 def _kinds(trials: Sequence[FrozenTrial]) -> set[str]:
     return {k for k in map(_kind, trials) if k}
+
+
+def _raised_to(dist: BaseDistribution, target: float) -> Any:
+    """The value of ``dist`` a raise to ``target`` proposes: ``target`` snapped into an int or
+    float range (its end at most); of a categorical's numeric choices the smallest at least
+    ``target``, else the largest (its other choices, such as ``unset``, are never raised to).
+    None: no numeric value."""
+    if isinstance(dist, (IntDistribution, FloatDistribution)):
+        return _snap(dist, min(dist.high, target))
+    if isinstance(dist, CategoricalDistribution):
+        numbers = sorted(c for c in dist.choices if is_number(c))
+        return next((c for c in numbers if c >= target), numbers[-1] if numbers else None)
+    return None
 
 
 def _record(study: optuna.Study, trial: FrozenTrial, why: dict[str, Any]) -> None:

@@ -102,7 +102,9 @@ class Parameter(BaseModel):
     """The engine's scheduler log that calls for a larger value (:mod:`autotune.load_signals`):
     ``queued`` for a cap on the requests served at once (requests waited while it was full),
     ``running-above`` for a limit that more requests at once outgrow (CUDA graphs captured up to
-    a batch size). The sampler then proposes the best configuration with it raised."""
+    a batch size). The sampler then proposes the best configuration with it raised (of a
+    categorical, to its smallest numeric choice that covers the log's figure; never from or to a
+    choice that is not a number, such as ``unset``)."""
     help: str | None = None
 
     @field_validator("choices", mode="before")
@@ -179,8 +181,9 @@ class Parameter(BaseModel):
         if self.monotone and not (self.type in ("int", "float") or (
                 self.type == "categorical" and all(_is_number(c) for c in self.choices or []))):
             raise ValueError("'monotone' needs a numeric parameter (int, float, or categorical with numbers only)")
-        if self.raise_when is not None and self.type not in ("int", "float"):
-            raise ValueError("'raise_when' needs a numeric parameter (int or float)")
+        if self.raise_when is not None and not (self.type in ("int", "float") or (
+                self.type == "categorical" and sum(_is_number(c) for c in self.choices or []) >= 2)):
+            raise ValueError("'raise_when' needs a numeric parameter (int, float, or categorical with numeric choices)")
         unknown = sorted(set(self.monotone) - INFEASIBLE_KINDS)
         if unknown:
             raise ValueError(f"'monotone' names an unknown failure kind '{unknown[0]}' "

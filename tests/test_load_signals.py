@@ -3,16 +3,20 @@ vLLM print them, and what they call for."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pytest
 
+from rich.console import Console
+
 from autotune.bench_tuner import Setup
-from autotune.driver import Driver, QuietReporter
+from autotune.driver import Driver
 from autotune.load_signals import ATTR as SIGNALS_ATTR, LoadSignals, raises_called_for
 from autotune.model_executor import ModelExecutor
 from autotune.notes import note_for
+from autotune.progress import ConsoleReporter
 from tests.test_study import autotune
 
 # SGLang 0.5.23 (sglang/srt/managers/scheduler_components/metrics_reporter.py): a prefill line's
@@ -78,7 +82,9 @@ def test_a_study_raises_the_baselines_full_cap_right_after_it(tmp_path: Path) ->
     setup = Setup("rtx6000-pcie-glm5", "sglang_nccl", "quick", None)
     cfg = setup.config(name="raise", storage=f"sqlite:///{tmp_path}/s.db", sampler="tpe", seed=0, trials=2)
     executor = ModelExecutor.for_target(cfg, setup.objective, seed=0, scenario=setup.scenario)
-    study = Driver(cfg, setup.space, setup.objective, executor, reporter=QuietReporter(), trials=2).run().study
+    console = io.StringIO()
+    reporter = ConsoleReporter(Console(file=console, width=200, force_terminal=False, color_system=None))
+    study = Driver(cfg, setup.space, setup.objective, executor, reporter=reporter, trials=2).run().study
     base, raised = study.trials
     signals = LoadSignals.from_attr(base.user_attrs[SIGNALS_ATTR])
     assert signals is not None and signals.in_flight_max == 128 and signals.queued_at_max == 64
@@ -90,6 +96,7 @@ def test_a_study_raises_the_baselines_full_cap_right_after_it(tmp_path: Path) ->
            "showed 64 requests waiting while 128 ran")
     shown = autotune("study", "show", "raise", "--storage", f"sqlite:///{tmp_path}/s.db", "--no-excerpts", cwd=tmp_path)
     assert f"trial 1: {why}" in shown.stdout.replace("\n", " ")
+    assert f"\n  {why}\n" in console.getvalue()  # the live console, as trial 1 starts
     doc = json.loads(autotune("study", "show", "raise", "--storage", f"sqlite:///{tmp_path}/s.db", "--json",
                               cwd=tmp_path).stdout)
     first, second = doc["trials"]

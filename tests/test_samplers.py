@@ -136,8 +136,8 @@ def test_a_region_that_fails_late_is_avoided_more_than_one_that_fails_fast() -> 
             study.add_trial(create_trial(params=params, distributions=DISTS, value=1000 * mem,
                                          user_attrs={"outcome": "ok", "feasible": True, "applied": params,
                                                      "duration_s": 300.0}))
-        for i, mem in enumerate((0.9, 0.91, 0.92, 0.93, 0.94)):  # 4 of 5 fail above 0.9
-            params = {"algo": "Ring", "mem": mem}
+        for i, mem in enumerate((0.9, 0.91, 0.92, 0.93, 0.94)):  # 4 of 5 fail above 0.9, whatever the algorithm
+            params = {"algo": ("Ring", "unset", "Ring", "Tree", "Ring")[i], "mem": mem}
             ok = i == 2
             study.add_trial(create_trial(
                 params=params, distributions=DISTS, value=930.0 if ok else None,
@@ -333,6 +333,27 @@ def test_the_best_trials_scheduler_log_raises_the_cap_it_found_full() -> None:
     assert kv_proposal and kv_proposal != {**base, "slots": 192}
 
 
+def test_a_categorical_limit_is_raised_to_the_smallest_choice_that_covers_the_log() -> None:
+    """vLLM's ``--max-cudagraph-capture-size`` is a categorical (``unset`` or a batch size): the
+    log showed 100 requests running past a limit of 16, so the raise is to 256, the smallest
+    choice that covers them. From ``unset`` (vLLM's own default) there is no raise: its value is
+    not known here."""
+    dists = {**RAISE_DISTS, "graph": CategoricalDistribution(["unset", 16, 64, 256])}
+    busy = LoadSignals(in_flight_max=100, queued_max=0, demand_max=100, queued_at_max=0, lines=5)
+    proposals = []
+    for graph in (16, "unset"):
+        study = optuna.create_study(direction="maximize")
+        base = {"graph": graph, "mem": 0.8, "slots": 128}
+        for params, value, signals in [(base, 500.0, busy), *(({**base, "mem": m}, 100.0 + i, None)
+                                                              for i, m in enumerate((0.6, 0.65, 0.7, 0.75)))]:
+            study.add_trial(create_trial(params=params, distributions=dists, value=value, user_attrs={
+                "outcome": "ok", "feasible": True, "applied": params, "metrics": {"max_concurrency": 192.0},
+                SIGNALS_ATTR: signals.to_attr() if signals else None}))
+        proposals.append(_relative(study, CrashAwareTPESampler(seed=3, raise_when={"graph": "running-above"}))[1])
+    assert proposals[0] == {"graph": 256, "mem": 0.8, "slots": 128}
+    assert proposals[1] and proposals[1] != {"graph": 256, "mem": 0.8, "slots": 128}  # TPE's draw, not a raise
+
+
 def test_a_raise_into_a_region_where_every_trial_crashed_is_not_proposed() -> None:
     study = optuna.create_study(direction="maximize")
     base = {"graph": 256, "mem": 0.8, "slots": 64}
@@ -340,8 +361,8 @@ def test_a_raise_into_a_region_where_every_trial_crashed_is_not_proposed() -> No
          baseline=True)
     for i, slots in enumerate((16, 20, 24, 30, 36, 40, 48, 56)):  # fewer slots run, a little slower
         _ran(study, {**base, "slots": slots, "mem": 0.6 + 0.02 * i}, 300.0 + slots)
-    for slots in (150, 300, 600):  # more slots at this memory: out of memory every time
-        params = {**base, "slots": slots}
+    for slots, graph in ((150, 256), (300, 300), (600, 400)):  # more slots at this memory: out of memory every time
+        params = {**base, "slots": slots, "graph": graph}
         study.add_trial(create_trial(params=params, distributions=RAISE_DISTS, state=TrialState.PRUNED, user_attrs={
             "outcome": "infeasible", "feasible": False, "failure_kind": "oom", "applied": params}))
     sampler = CrashAwareTPESampler(seed=3, raise_when=RAISE_WHEN)
