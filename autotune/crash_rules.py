@@ -252,17 +252,43 @@ class FailureRule:
 
 
 @dataclass
+class OneConfiguration:
+    """Failures of one kind that no rule explains, at one setting of every parameter but one
+    (a probe of ``param`` around one configuration, say): what fails *there*, not a rule (the
+    module docstring, step 2). ``failed``: the values of ``param`` that failed with ``kind``;
+    ``ran``: those measured at the same setting of the rest; ``trials``: the failures."""
+
+    kind: str
+    param: str
+    failed: list[Any]
+    ran: list[Any]
+    trials: list[int]
+
+    def __str__(self) -> str:
+        ran = f"; {', '.join(map(show_value, self.ran))} ran" if self.ran else ""
+        return (f"at one configuration (trial {self.trials[0]}'s, the rest unchanged): {self.param} "
+                f"{', '.join(map(show_value, self.failed))} failed ({self.kind}){ran}: what fails there, not a rule")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "param": self.param, "failed": self.failed, "ran": self.ran, "trials": self.trials,
+                "text": str(self)}
+
+
+@dataclass
 class RuleReport:
-    """The rules, and the failures no rule explains (trial numbers per kind)."""
+    """The rules, the failures no rule explains (trial numbers per kind), and those of them that
+    came at one configuration (:class:`OneConfiguration`)."""
 
     rules: list[FailureRule]
     unexplained: dict[str, list[int]]
     finished: int
+    at_one_configuration: list[OneConfiguration] = field(default_factory=list)
 
     def unexplained_json(self) -> dict[str, Any]:
         trials = sorted(n for ns in self.unexplained.values() for n in ns)
         return {"count": len(trials), "trials": trials,
-                "kinds": {k: len(v) for k, v in sorted(self.unexplained.items()) if v}}
+                "kinds": {k: len(v) for k, v in sorted(self.unexplained.items()) if v},
+                "at_one_configuration": [c.to_json() for c in self.at_one_configuration]}
 
 
 def is_number(x: Any) -> bool:
@@ -416,6 +442,13 @@ class _Settings:
             columns.append([index.setdefault(repr(v.params.get(name)), len(index)) for v in rows])
         self.codes = np.array(columns, dtype=np.int64).T.reshape(len(rows), len(self.names))
         self._tried: dict[frozenset[str], int] = {}
+
+    def ids(self, names: frozenset[str]) -> np.ndarray:
+        """Per row, an id of its setting of the parameters not in ``names`` (equal ids: equal settings)."""
+        sub = self.codes[:, [i for i, n in enumerate(self.names) if n not in names]]
+        if not sub.shape[1]:
+            return np.zeros(len(sub), dtype=np.int64)
+        return np.unique(sub, axis=0, return_inverse=True)[1].reshape(-1)
 
     def apart(self, names: frozenset[str], rows: np.ndarray) -> int:
         """How many of ``rows`` (a mask), taken in order, differ from every one taken before in
@@ -750,6 +783,7 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
     explained, _ = explained_by(found)
     rules: list[FailureRule] = []
     unexplained: dict[str, list[int]] = {}
+    local: list[OneConfiguration] = []
     for kind in kinds:
         kind_fail = kinds_of == kind
         informative = kind_fail | (weights(kind, explained) >= 1.0)
@@ -775,8 +809,44 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
             ))
         if left.any():
             unexplained[kind] = [rows[i].number for i in np.flatnonzero(left)]
+            local += at_one_configuration(rows, left, ~crashed, kind, settings)
     rules.sort(key=lambda r: (-len(r.trials), r.kind, r.condition))
-    return RuleReport(rules=rules, unexplained=unexplained, finished=n)
+    return RuleReport(rules=rules, unexplained=unexplained, finished=n, at_one_configuration=local)
+
+
+def at_one_configuration(rows: Sequence[TrialView], left: np.ndarray, ran: np.ndarray, kind: str,
+                         settings: _Settings) -> list[OneConfiguration]:
+    """Of the ``left`` rows (failures of ``kind`` no rule explains), the groups of at least
+    ``MIN_SUPPORT`` at one setting of every parameter but one, largest first, no row in two;
+    with the values of that parameter the ``ran`` rows (measured) had at the same setting."""
+    groups: list[tuple[str, np.ndarray]] = []
+    for name in settings.names:
+        ids = settings.ids(frozenset({name}))
+        values, counts = np.unique(ids[left], return_counts=True)
+        groups += [(name, left & (ids == v)) for v, c in zip(values, counts) if c >= MIN_SUPPORT]
+    out: list[OneConfiguration] = []
+    taken = np.zeros(len(rows), dtype=bool)
+    for name, group in sorted(groups, key=lambda g: (-int(g[1].sum()), g[0])):
+        group = group & ~taken
+        if int(group.sum()) < MIN_SUPPORT:
+            continue
+        taken |= group
+        ids = settings.ids(frozenset({name}))
+        same = ids == ids[np.flatnonzero(group)[0]]
+        out.append(OneConfiguration(
+            kind=kind, param=name, failed=_distinct(rows[i].params.get(name) for i in np.flatnonzero(group)),
+            ran=_distinct(rows[i].params.get(name) for i in np.flatnonzero(same & ran)),
+            trials=[rows[i].number for i in np.flatnonzero(group)]))
+    return out
+
+
+def _distinct(values: Any) -> list[Any]:
+    """``values`` without repeats, the numbers in ascending order before the rest."""
+    out: list[Any] = []
+    for v in values:
+        if v not in out:
+            out.append(v)
+    return sorted(out, key=lambda v: (0, float(v)) if is_number(v) else (1, 0.0))
 
 
 def rule_reach(rows: Sequence[TrialView], reached: np.ndarray, judged: np.ndarray, conditions: Sequence[Condition],
@@ -829,4 +899,4 @@ def rule_scope(rows: Sequence[TrialView], judged: np.ndarray, kind: str, *, idx_
 
 
 __all__ = ["Condition", "FailureRule", "MIN_SUPPORT", "RuleReport", "candidate_conditions", "failure_rules",
-           "finished", "hypergeom_tail", "is_number", "rule_reach", "rule_scope", "rule_settings", "show_value", "stage"]
+           "finished", "hypergeom_tail", "is_number", "OneConfiguration", "rule_reach", "rule_scope", "rule_settings", "show_value", "stage"]

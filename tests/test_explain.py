@@ -93,7 +93,7 @@ def test_a_confounded_value_is_not_blamed(tmp_path: Path) -> None:
     assert rule["trials"] == sorted(t.number for t in tree) and rule["kind"] == "nccl-error"
     assert rule["conditions"] == [{"param": "NCCL_ALGO", "op": "=", "value": "Tree"}]
     assert rule["support"] == {"failed": len(tree), "covered": len(tree)}
-    assert doc["unexplained_failures"] == {"count": 0, "trials": [], "kinds": {}}
+    assert doc["unexplained_failures"] == {"count": 0, "trials": [], "kinds": {}, "at_one_configuration": []}
 
 
 def test_a_confound_the_data_cannot_resolve_is_named(tmp_path: Path) -> None:
@@ -706,13 +706,22 @@ def test_a_rule_rests_on_failures_in_three_settings_of_the_other_parameters(tmp_
                   for i in range(6)]
     elsewhere = [{"mem_fraction_static": round(0.5 + 0.01 * k, 2),  # never short of memory, speculation seldom
                   "speculative_num_draft_tokens": drafts[k // 5 % 5] if k % 5 == 0 else "unset"} for k in range(40)]
-    study, _ = _study(tmp_path, f"settings-{settings}", 0, judge, fixed=incumbents + probes + elsewhere)
+    study, storage = _study(tmp_path, f"settings-{settings}", 0, judge, fixed=incumbents + probes + elsewhere)
     doc = explain(study)
     failed = sorted(t.number for t in study.trials if t.user_attrs["failure_kind"])
     assert len(failed) == 5
     if settings == 1:
         assert _rules(doc) == [] and doc["unexplained_failures"]["trials"] == failed
+        # what the five do show, said as a fact of that configuration
+        (local,) = doc["unexplained_failures"]["at_one_configuration"]
+        assert local["text"] == (f"at one configuration (trial {failed[0]}'s, the rest unchanged): "
+                                 "speculative_num_draft_tokens 2, 3, 4, 6, 8 failed (nccl-error); unset ran: "
+                                 "what fails there, not a rule")
+        assert local["trials"] == failed and local["param"] == "speculative_num_draft_tokens"
+        shown = autotune("study", "explain", "settings-1", "--storage", storage, cwd=tmp_path).stdout
+        assert f"{local['text']}: trials {', '.join(map(str, failed))}" in " ".join(shown.split())  # wrapped at 80
     else:
         (rule,) = doc["failure_rules"]
         assert rule["trials"] == failed and rule["kind"] == "nccl-error"
         assert any(c["param"] == "speculative_num_draft_tokens" for c in rule["conditions"])
+        assert doc["unexplained_failures"]["at_one_configuration"] == []
