@@ -52,6 +52,8 @@ the longer ones (``--long-studies``, ``--long-trials``) apart:
   it;
 - **num_continuous_decode_steps** (read by no SGLang code; the model ignores it): the verdict on
   its importance for the objective;
+- **failures at one configuration**: the unexplained failures ``explain`` lists as what fails
+  at one configuration (counted, not scored: each is a trial's own outcome, not a claim beyond it);
 - **no-effect claims**: every "no measurable effect" on the objective is checked by the model
   over the values it states (``matched.over``): in up to 24 feasible trials with one of them, the
   parameter alone is set to up to 4 others; the claim is false when the mean relative change of
@@ -404,6 +406,8 @@ class Score:
     ncds: dict[str, int] = field(default_factory=dict)
     no_effect_claims: int = 0
     false_no_effect: list[dict[str, Any]] = field(default_factory=list)
+    at_one_configuration: int = 0
+    at_one_configuration_failures: int = 0
 
 
 def _verdict(doc: dict[str, Any]) -> str:
@@ -435,6 +439,9 @@ def score_study(sc: Score, d: Design, study: optuna.Study, seed: int) -> dict[st
     sc.trials += len(finished)
     sc.failures += doc["unexplained_failures"]["count"] + sum(len(r["trials"]) for r in doc["failure_rules"])
     sc.unexplained += doc["unexplained_failures"]["count"]
+    local = doc["unexplained_failures"].get("at_one_configuration") or []
+    sc.at_one_configuration += len(local)
+    sc.at_one_configuration_failures += sum(len(g["trials"]) for g in local)
     for rule in doc["failure_rules"]:
         # a rule named with its confounds, or with the conditions as sure as it, says "one of
         # these": the best of them is what it claims
@@ -540,6 +547,8 @@ def _print_table(s: Score) -> None:
     for f in s.false_rules:
         print(f"| {'false' if f['model_rate'] < 0.5 else 'imprecise'} | {f['study']}: `{f['rule']}` "
               f"(model {f['model_rate']:.2f}) |")
+    print(f"| unexplained failures listed at one configuration | {s.at_one_configuration_failures} "
+          f"in {s.at_one_configuration} groups |")
     if s.untestable:
         print(f"| rules the model could not test (< {MIN_TESTED} testable interventions) | {len(s.untestable)} |")
     print(f"| `{NCDS}`, {s.trials_each} trials | {_counts(s.ncds)} |")
