@@ -498,7 +498,7 @@ def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool 
         noun = "failure" if left["count"] == 1 else "failures"
         _out.print(Text(f"  {left['count']} {noun} explained by no rule ({kinds}): trials "
                         f"{', '.join(map(str, left['trials']))}"))
-        for local in left.get("at_one_configuration") or []:
+        for local in left["at_one_configuration"]:
             _out.print(Text(f"    {local['text']}: trials {', '.join(map(str, local['trials']))}"))
     imp = doc["importance"]
     targets = [(o["metric"], o) for o in imp["objectives"]] if imp.get("objectives") else [("the objective", imp["objective"])]

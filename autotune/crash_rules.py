@@ -129,10 +129,6 @@ from autotune.study_view import TrialView
 
 MIN_SUPPORT = 3
 """Fewest failures a crash rule rests on..."""
-SETTINGS_APART = 1
-"""...in settings of the other parameters that differ from each other in this many of them (2,
-which took a probe that moved one parameter of a failed configuration for the same setting,
-lost Tree rules on the explain bench: the probes of successive best trials, a parameter apart)..."""
 MIN_PAIR_SUPPORT = 5
 """...and a two-condition one (the module docstring, step 5)."""
 MIN_PRECISION = 0.8
@@ -430,9 +426,11 @@ indices of the conditions as sure as it at the step that took it."""
 
 class _Settings:
     """The finished trials' settings of every parameter but some (the module docstring, step 2):
-    a rule over parameters ``P`` rests on failures in at least ``MIN_SUPPORT`` settings of the
-    parameters other than ``P`` that differ from each other in at least :data:`SETTINGS_APART`
-    of them, or in as many such as the study tried (a study that varied only ``P`` has one)."""
+    a rule over parameters ``P`` rests on failures at ``MIN_SUPPORT`` distinct settings of the
+    parameters other than ``P``, or at as many as the study tried (a study that varied only ``P``
+    has one). (Settings that must differ in two parameters or more were measured and dropped:
+    they lost Tree rules on the explain bench, whose failures are probes of successive best
+    trials, a parameter apart; docs/BENCHMARKS.md.)"""
 
     def __init__(self, rows: Sequence[TrialView]) -> None:
         self.names = sorted({k for v in rows for k in v.params})
@@ -441,34 +439,21 @@ class _Settings:
             index: dict[str, int] = {}
             columns.append([index.setdefault(repr(v.params.get(name)), len(index)) for v in rows])
         self.codes = np.array(columns, dtype=np.int64).T.reshape(len(rows), len(self.names))
-        self._tried: dict[frozenset[str], int] = {}
+        self._ids: dict[frozenset[str], np.ndarray] = {}
 
     def ids(self, names: frozenset[str]) -> np.ndarray:
         """Per row, an id of its setting of the parameters not in ``names`` (equal ids: equal settings)."""
-        sub = self.codes[:, [i for i, n in enumerate(self.names) if n not in names]]
-        if not sub.shape[1]:
-            return np.zeros(len(sub), dtype=np.int64)
-        return np.unique(sub, axis=0, return_inverse=True)[1].reshape(-1)
-
-    def apart(self, names: frozenset[str], rows: np.ndarray) -> int:
-        """How many of ``rows`` (a mask), taken in order, differ from every one taken before in
-        at least ``SETTINGS_APART`` parameters not in ``names``; counted up to ``MIN_SUPPORT``."""
-        sub = self.codes[np.flatnonzero(rows)][:, [i for i, n in enumerate(self.names) if n not in names]]
-        kept: list[int] = []
-        for r in range(len(sub)):
-            if not kept or bool(((sub[kept] != sub[r]).sum(axis=1) >= SETTINGS_APART).all()):
-                kept.append(r)
-                if len(kept) >= MIN_SUPPORT:
-                    break
-        return len(kept)
+        if names not in self._ids:
+            sub = self.codes[:, [i for i, n in enumerate(self.names) if n not in names]]
+            self._ids[names] = (np.unique(sub, axis=0, return_inverse=True)[1].reshape(-1) if sub.shape[1]
+                                else np.zeros(len(sub), dtype=np.int64))
+        return self._ids[names]
 
     def enough(self, names: set[str], rows: np.ndarray) -> bool:
-        """Whether ``rows`` (a mask) hold ``MIN_SUPPORT`` settings apart of the parameters not in
-        ``names``, or as many as the study's trials hold."""
-        key = frozenset(names)
-        if key not in self._tried:
-            self._tried[key] = self.apart(key, np.ones(len(self.codes), dtype=bool))
-        return self.apart(key, rows) >= self._tried[key]
+        """Whether ``rows`` (a mask) hold ``MIN_SUPPORT`` distinct settings of the parameters not
+        in ``names``, or as many as the study's trials hold."""
+        ids = self.ids(frozenset(names))
+        return len(np.unique(ids[rows])) >= min(MIN_SUPPORT, int(ids.max(initial=-1)) + 1)
 
 
 class _Cover:
@@ -480,12 +465,12 @@ class _Cover:
     ``dense``: ``masks`` as float32, for the products."""
 
     def __init__(self, kind_fail: np.ndarray, weight: np.ndarray, conds: list[Condition], masks: np.ndarray,
-                 params_of: np.ndarray, bounds: dict[bytes, float], dense: np.ndarray,
-                 exposed: np.ndarray | None = None, settings: _Settings | None = None) -> None:
+                 params_of: np.ndarray, bounds: dict[bytes, float], dense: np.ndarray, settings: _Settings,
+                 exposed: np.ndarray | None = None) -> None:
         self.kind_fail, self.weight, self.conds, self.masks, self.params_of = kind_fail, weight, conds, masks, params_of
         self.dense = dense
         self.settings = settings
-        """The rows' settings of the other parameters (:class:`_Settings`); None: not checked."""
+        """The rows' settings of the other parameters (:class:`_Settings`)."""
         self.exposed = exposed
         """Per condition, the rows it covers whose failure (of another kind) a rule on the
         condition's own parameter explains: they count ``OTHER_WEIGHT`` against it, not
@@ -536,8 +521,6 @@ class _Cover:
     def spread(self, idx: Sequence[int], mask: np.ndarray) -> bool:
         """Whether the failures of the kind that the rule ``idx`` covers among the active rows
         came in enough settings of the other parameters (the module docstring, step 2)."""
-        if self.settings is None:
-            return True
         return self.settings.enough({str(self.params_of[i]) for i in idx}, mask & self.kind_fail & self.active)
 
     def family_bound(self) -> float:
@@ -764,7 +747,7 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
 
     def run(explained: np.ndarray, by_param: dict[str, np.ndarray]) -> Found:
         return {kind: _Cover(kinds_of == kind, weights(kind, explained), conds, masks, params_of, family_bounds, dense,
-                             exposed(kind, by_param), settings).run()
+                             settings, exposed(kind, by_param)).run()
                 for kind in kinds}
 
     def explained_by(found: Found) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -898,5 +881,6 @@ def rule_scope(rows: Sequence[TrialView], judged: np.ndarray, kind: str, *, idx_
     return out
 
 
-__all__ = ["Condition", "FailureRule", "MIN_SUPPORT", "RuleReport", "candidate_conditions", "failure_rules",
-           "finished", "hypergeom_tail", "is_number", "OneConfiguration", "rule_reach", "rule_scope", "rule_settings", "show_value", "stage"]
+__all__ = ["Condition", "FailureRule", "MIN_SUPPORT", "OneConfiguration", "RuleReport", "at_one_configuration",
+           "candidate_conditions", "failure_rules", "finished", "hypergeom_tail", "is_number", "rule_reach", "rule_scope",
+           "rule_settings", "show_value", "stage"]

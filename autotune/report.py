@@ -297,7 +297,7 @@ def _rules_html(rules: list[Mapping[str, Any]], doc: Mapping[str, Any]) -> str:
         out += (f"<p>{_e(unexplained['count'])} failures explained by no rule"
                 + (f" ({_e(', '.join(f'{k} x{n}' for k, n in kinds.items()))})" if kinds else "")
                 + f": trials {_e(unexplained['trials'])}.</p>")
-        for local in unexplained.get("at_one_configuration") or []:
+        for local in unexplained["at_one_configuration"]:
             out += f"<p>{_e(local['text'])}: trials {_e(local['trials'])}.</p>"
     settings = doc["rule_settings"]
     out += f"<p class=note>Rule settings: {_e(', '.join(f'{k}={_fmt(v)}' for k, v in settings.items()))}.</p>"

@@ -439,7 +439,7 @@ def score_study(sc: Score, d: Design, study: optuna.Study, seed: int) -> dict[st
     sc.trials += len(finished)
     sc.failures += doc["unexplained_failures"]["count"] + sum(len(r["trials"]) for r in doc["failure_rules"])
     sc.unexplained += doc["unexplained_failures"]["count"]
-    local = doc["unexplained_failures"].get("at_one_configuration") or []
+    local = doc["unexplained_failures"]["at_one_configuration"]
     sc.at_one_configuration += len(local)
     sc.at_one_configuration_failures += sum(len(g["trials"]) for g in local)
     for rule in doc["failure_rules"]:
