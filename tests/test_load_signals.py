@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from rich.console import Console
 
 from autotune.bench_tuner import Setup

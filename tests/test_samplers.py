@@ -289,8 +289,9 @@ RAISE_DISTS = {"graph": IntDistribution(8, 512, log=True), "mem": FloatDistribut
 RAISE_WHEN = {"slots": "queued", "graph": "running-above"}
 
 
-def _ran(study: optuna.Study, params: dict, value: float, signals: LoadSignals | None = None, **attrs: object) -> None:
-    study.add_trial(create_trial(params=params, distributions=RAISE_DISTS, value=value, user_attrs={
+def _ran(study: optuna.Study, params: dict, value: float, signals: LoadSignals | None = None, *,
+         dists: dict = RAISE_DISTS, **attrs: object) -> None:
+    study.add_trial(create_trial(params=params, distributions=dists, value=value, user_attrs={
         "outcome": "ok", "feasible": True, "applied": params, "metrics": {"max_concurrency": 192.0},
         SIGNALS_ATTR: signals.to_attr() if signals else None, **attrs}))
 
@@ -335,23 +336,21 @@ def test_the_best_trials_scheduler_log_raises_the_cap_it_found_full() -> None:
 
 def test_a_categorical_limit_is_raised_to_the_smallest_choice_that_covers_the_log() -> None:
     """vLLM's ``--max-cudagraph-capture-size`` is a categorical (``unset`` or a batch size): the
-    log showed 100 requests running past a limit of 16, so the raise is to 256, the smallest
-    choice that covers them. From ``unset`` (vLLM's own default) there is no raise: its value is
+    log showed 100 requests running past a limit of 16, so the raise is to 128, the smallest
+    choice that covers them (not the largest, 512). From ``unset`` (vLLM's own default) there is no raise: its value is
     not known here."""
-    dists = {**RAISE_DISTS, "graph": CategoricalDistribution(["unset", 16, 64, 256])}
+    dists = {**RAISE_DISTS, "graph": CategoricalDistribution(["unset", 16, 64, 128, 256, 512])}
     busy = LoadSignals(in_flight_max=100, queued_max=0, demand_max=100, queued_at_max=0, lines=5)
     proposals = []
     for graph in (16, "unset"):
         study = optuna.create_study(direction="maximize")
         base = {"graph": graph, "mem": 0.8, "slots": 128}
-        for params, value, signals in [(base, 500.0, busy), *(({**base, "mem": m}, 100.0 + i, None)
-                                                              for i, m in enumerate((0.6, 0.65, 0.7, 0.75)))]:
-            study.add_trial(create_trial(params=params, distributions=dists, value=value, user_attrs={
-                "outcome": "ok", "feasible": True, "applied": params, "metrics": {"max_concurrency": 192.0},
-                SIGNALS_ATTR: signals.to_attr() if signals else None}))
+        _ran(study, base, 500.0, busy, dists=dists)
+        for i, mem in enumerate((0.6, 0.65, 0.7, 0.75)):  # worse, with no log: past TPE's start-up
+            _ran(study, {**base, "mem": mem}, 100.0 + i, dists=dists)
         proposals.append(_relative(study, CrashAwareTPESampler(seed=3, raise_when={"graph": "running-above"}))[1])
-    assert proposals[0] == {"graph": 256, "mem": 0.8, "slots": 128}
-    assert proposals[1] and proposals[1] != {"graph": 256, "mem": 0.8, "slots": 128}  # TPE's draw, not a raise
+    assert proposals[0] == {"graph": 128, "mem": 0.8, "slots": 128}
+    assert proposals[1] and proposals[1] != {"graph": 128, "mem": 0.8, "slots": 128}  # TPE's draw, not a raise
 
 
 def test_a_raise_into_a_region_where_every_trial_crashed_is_not_proposed() -> None:
