@@ -248,8 +248,15 @@ def test_a_study_over_ssh_runs_exports_and_resumes(sshd: Sshd, tmp_path: Path) -
     autotune("study", "start", str(cfg), cwd=tmp_path)
     storage = f"sqlite:///{tmp_path}/studies.db"
     autotune("study", "resume", "remote", "--storage", storage, "--trials", "2", cwd=tmp_path)
-    trials = show(tmp_path, "remote")["trials"]
-    assert len(trials) == 2 and trials[0]["baseline"] and [t["state"] for t in trials].count("FAIL") == 0
+    every = show(tmp_path, "remote")["trials"]
+    # A fault of the connection (seen once, on a machine running two test suites at once) is the
+    # host's, not the configuration's: the driver runs the configuration again at once, and the
+    # study still ends with its 2 trials.
+    trials = [t for t in every if t["state"] != "FAIL"]
+    assert len(trials) == 2 and trials[0]["baseline"], every
+    retried = {t.user_attrs.get("retry_of"): t.params for t in load(tmp_path, "remote").trials}
+    for fault in (t for t in every if t["state"] == "FAIL"):
+        assert fault["outcome"] == "fault" and retried.get(fault["number"]) == fault["params"], every
     ok = [t for t in trials if t["outcome"] == "ok"]
     assert ok and all(t["value"] > 0 and t["metrics"]["completed"] == 32 for t in ok)
     for t in load(tmp_path, "remote").trials:
