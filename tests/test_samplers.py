@@ -337,8 +337,8 @@ def test_the_best_trials_scheduler_log_raises_the_cap_it_found_full() -> None:
 def test_a_categorical_limit_is_raised_to_the_smallest_choice_that_covers_the_log() -> None:
     """vLLM's ``--max-cudagraph-capture-size`` is a categorical (``unset`` or a batch size): the
     log showed 100 requests running past a limit of 16, so the raise is to 128, the smallest
-    choice that covers them (not the largest, 512). From ``unset`` (vLLM's own default) there is no raise: its value is
-    not known here."""
+    choice that covers them (not the largest, 512). From ``unset`` (vLLM's own default) there is
+    no raise: its value is not known here."""
     dists = {**RAISE_DISTS, "graph": CategoricalDistribution(["unset", 16, 64, 128, 256, 512])}
     busy = LoadSignals(in_flight_max=100, queued_max=0, demand_max=100, queued_at_max=0, lines=5)
     proposals = []

@@ -254,7 +254,8 @@ def test_a_study_over_ssh_runs_exports_and_resumes(sshd: Sshd, tmp_path: Path) -
     # study still ends with its 2 trials.
     trials = [t for t in every if t["state"] != "FAIL"]
     assert len(trials) == 2 and trials[0]["baseline"], every
-    retried = {t.user_attrs.get("retry_of"): t.params for t in load(tmp_path, "remote").trials}
+    retried = {t.user_attrs["retry_of"]: t.params for t in load(tmp_path, "remote").trials
+               if "retry_of" in t.user_attrs}
     for fault in (t for t in every if t["state"] == "FAIL"):
         assert fault["outcome"] == "fault" and retried.get(fault["number"]) == fault["params"], every
     ok = [t for t in trials if t["outcome"] == "ok"]

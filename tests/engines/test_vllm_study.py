@@ -154,8 +154,8 @@ def test_real_vllm_study_measures_classifies_and_exports(tiny_model: Path, tmp_p
         assert t["metrics"]["completed"] == 48 and t["metrics"]["failed"] == 0, t["metrics"]
         assert t["metrics"]["output_tokens"] == 48 * 16, t["metrics"]
         assert t["startup_s"] is not None and t["startup_s"] > 0
-        # vLLM's scheduler lines, read as the trial ran: its stats interval is 0.1 s here (the
-        # preset's 1 s can outlast the whole load of 48 short requests), the load 8 clients.
+        # vLLM's scheduler lines, read as the trial ran (the preset's 1 s interval outlasts this
+        # load of 0.4 s, hence the target's 0.1 s); the load has 8 clients.
         signals = t["load_signals"]
         assert signals is not None and signals["lines"] >= 1, t
         assert 1 <= signals["in_flight_max"] <= min(8, t["params"]["max_num_seqs"]), signals
