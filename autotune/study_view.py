@@ -30,7 +30,8 @@ PROPOSED_ATTR = "autotune:proposed"
 """Trial system attr: why the default sampler (:mod:`autotune.samplers`) proposed the trial's
 configuration, where it was not TPE's (or a start-up) draw: ``{"by": "raise", "param",
 "from", "to", "after": trial, "signal": "queued" | "running-above", "in_flight", "waiting"}``,
-``{"by": "probe", "param", "around": trial}`` or ``{"by": "back-off"}``."""
+``{"by": "probe", "param", "around": trial}`` (with ``"screen": True`` in the baseline's screen)
+or ``{"by": "back-off"}``."""
 
 
 def proposal_text(why: dict[str, Any] | None) -> str | None:
@@ -46,7 +47,8 @@ def proposal_text(why: dict[str, Any] | None) -> str | None:
         return (f"{why.get('param')} raised from {why.get('from')} to {why.get('to')}: the scheduler log of "
                 f"trial {why.get('after')} (the best so far) showed {seen}")
     if by == "probe":
-        return f"{why.get('param')} moved alone from trial {why.get('around')} (the best so far), the rest kept"
+        text = f"{why.get('param')} moved alone from trial {why.get('around')} (the best so far), the rest kept"
+        return text + " (the screen of the baseline: one change at a time)" if why.get("screen") else text
     if by == "back-off":
         return ("the baseline with the parameters the space declares monotone for its failure moved to the "
                 "safe side of the failures so far (a back-off)")

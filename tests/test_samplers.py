@@ -10,7 +10,7 @@ from optuna.trial import TrialState, create_trial
 from autotune.driver import make_sampler
 from autotune.load_signals import ATTR as SIGNALS_ATTR, LoadSignals
 from autotune.samplers import CrashAwareTPESampler
-from autotune.study_view import PROPOSED_ATTR
+from autotune.study_view import PROPOSED_ATTR, proposal_text
 
 DISTS = {"algo": CategoricalDistribution(["Ring", "Tree", "unset"]), "mem": FloatDistribution(0.5, 0.95)}
 
@@ -282,6 +282,40 @@ def test_a_probe_goes_first_to_the_parameter_least_probed_around_the_incumbent()
         assert number % 2 == 0 and number >= 8  # a probe's turn
         firsts.append([k for k in probe if probe[k] != incumbent[k]])
     assert all(changed == ["proto"] for changed in firsts), firsts
+
+
+def test_after_a_baseline_that_ran_the_next_trials_screen_each_parameter_alone() -> None:
+    """The screen: the baseline ran, so the trials after it, one per parameter and one more, are
+    probes of the incumbent (the baseline here), each parameter moved alone, all of them in turn,
+    whatever the seed; then TPE's start-up as before (no relative proposal). After a baseline
+    that failed there is no screen: the trials after the first that ran are TPE's start-up, as
+    before the screen, until :data:`PROBE_AFTER`."""
+    base = {"algo": "unset", "mem": 0.85, "proto": "unset"}
+    for seed in range(4):
+        study = optuna.create_study(direction="maximize")
+        study.add_trial(create_trial(params=base, distributions=PROTO_DISTS, value=500.0, user_attrs={
+            "outcome": "ok", "feasible": True, "applied": base, "baseline": True}))
+        sampler = CrashAwareTPESampler(seed=seed)
+        changed = []
+        for _ in range(len(PROTO_DISTS) + 1):
+            number, p = _relative(study, sampler)
+            diff = [k for k in p if p[k] != base[k]]
+            assert len(diff) == 1, (number, p)
+            why = study._storage.get_trial(study.trials[number]._trial_id).system_attrs.get(PROPOSED_ATTR)
+            assert why == {"by": "probe", "param": diff[0], "around": 0, "screen": True}
+            assert proposal_text(why) == (f"{diff[0]} moved alone from trial 0 (the best so far), the rest kept "
+                                          "(the screen of the baseline: one change at a time)")
+            changed += diff
+        assert set(changed[:len(PROTO_DISTS)]) == set(PROTO_DISTS), changed  # each parameter once
+        assert _relative(study, sampler)[1] == {}  # past the screen: TPE's start-up draws
+
+        failed = optuna.create_study(direction="maximize")
+        failed.add_trial(create_trial(params=base, distributions=PROTO_DISTS, state=TrialState.PRUNED, user_attrs={
+            "outcome": "infeasible", "feasible": False, "failure_kind": "oom", "applied": base, "baseline": True}))
+        ran = {"algo": "Ring", "mem": 0.6, "proto": "LL"}
+        failed.add_trial(create_trial(params=ran, distributions=PROTO_DISTS, value=400.0, user_attrs={
+            "outcome": "ok", "feasible": True, "applied": ran}))
+        assert [_relative(failed, CrashAwareTPESampler(seed=seed))[1] for _ in range(4)] == [{}] * 4
 
 
 RAISE_DISTS = {"graph": IntDistribution(8, 512, log=True), "mem": FloatDistribution(0.5, 0.95),
