@@ -25,17 +25,17 @@ a study it proposes the configuration it already measured, again and again.
   were measured too and dropped: they settled lower (the far value is where a threshold lies).
 - **A one-at-a-time screen of the baseline first** (screening designs, as Morris's elementary
   effects screen before modelling; and what the field report's operator did: back to the
-  known-good launch, one change at a time). When the baseline ran, the trials after it, up to
-  one per parameter (:func:`screening`), are all coverage probes: each parameter moved alone
-  from the incumbent, in the shuffled cycle's order, the incumbent following any gain. Where one
-  parameter is the lever (on the GLM-5 PCIe host ``NCCL_MIN_NCHANNELS`` alone takes the
-  baseline from 0.78 to 0.99 of the optimum; no other parameter moves it) the screen tries it
-  within those trials, where TPE's start-up draws it with a good rest only by luck and the
-  probes every second trial wait their turn. When the baseline failed there is no known-good
-  configuration to screen: the back-offs look for one and TPE and the probes alternate as
-  below (screening the first back-off that ran, on the Kimi host, sent its memory probes over
-  the boundary and left TPE fewer failures to learn from: more infeasible trials after the
-  tenth, 22% from 18%).
+  known-good launch, one change at a time). When the baseline ran, the trials after it (one per
+  parameter and one more, for a raise: :func:`screening`) are all coverage probes, each
+  parameter moved alone from the incumbent, in the shuffled cycle's order, the incumbent
+  following any gain. Where one parameter is the lever (on the GLM-5 PCIe host
+  ``NCCL_MIN_NCHANNELS`` alone takes the baseline with its raise from 0.78 to 0.99 of the
+  optimum; no other parameter raises it) the screen tries it within those trials, where TPE's
+  start-up draws it with a good rest only by luck and the probes every second trial wait their
+  turn. When the baseline failed there is no known-good configuration to screen: the back-offs
+  look for one and TPE and the probes alternate as below (screening the first back-off that ran,
+  on the Kimi host, sent its memory probes over the boundary and left TPE fewer failures to
+  learn from: more infeasible trials after the tenth, 22% from 18%).
 - **Crash regions** (constrained BO's feasibility model: SCOOT learns one with a random forest;
   here it is the rule list ``study explain`` prints, :func:`autotune.analysis.failure_rules`,
   cheap, exact on the trials seen and the one the user reads). A proposal inside a rule's region
