@@ -189,9 +189,11 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
                 _record(study, trial, why)
                 return params
         screen = incumbent is not None and screening(trial, finished, search_space)
-        if incumbent is not None and (screen or (len(finished) >= PROBE_AFTER and trial.number % PROBE_EVERY == 0)):
+        if screen or (incumbent is not None and len(finished) >= PROBE_AFTER and trial.number % PROBE_EVERY == 0):
+            assert incumbent is not None  # a screen needs one too
             name = self._next_parameter(search_space, incumbent, finished)
-            baseline = next((t.params for t in finished if t.user_attrs.get("baseline")), {})
+            base = _baseline(finished)
+            baseline = base.params if base is not None else {}
             values = [baseline[name]] if name in baseline and baseline[name] != incumbent.params[name] else []
             for rank in range(MAX_DRAWS):
                 probe = {n: incumbent.params[n] for n in search_space}
@@ -277,7 +279,7 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         kind of its line moved to the safe side of those failures (module docstring); its line:
         it and the failed trials with its values on every other parameter. None: it did not fail
         with a declared kind, or no parameter has room to move."""
-        ref = next((t for t in finished if t.user_attrs.get("baseline")), finished[0])
+        ref = _baseline(finished) or finished[0]
         if any(n not in ref.params for n in search_space):
             return None
         moving = {n for n in search_space if any(k in self.monotone.get(n, {}) for k in _kinds([ref]))}
@@ -425,9 +427,14 @@ def screening(trial: FrozenTrial, finished: Sequence[FrozenTrial], search_space:
     baseline (the trial marked ``baseline``) is finished and ran, and ``trial`` is among the
     ``len(search_space) + 1`` trials after it (one per parameter, and room for a raise, which
     goes first)."""
-    baseline = next((t for t in finished if t.user_attrs.get("baseline")), None)
+    baseline = _baseline(finished)
     return (baseline is not None and _measured(baseline)
             and baseline.number < trial.number <= baseline.number + len(search_space) + 1)
+
+
+def _baseline(finished: Sequence[FrozenTrial]) -> FrozenTrial | None:
+    """The finished trial marked ``baseline`` (the driver enqueues it first), or None."""
+    return next((t for t in finished if t.user_attrs.get("baseline")), None)
 
 
 def _probed_around(incumbent: FrozenTrial, finished: Sequence[FrozenTrial],
