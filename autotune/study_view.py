@@ -386,6 +386,11 @@ def pick(study: optuna.Study, views: list[TrialView] | None = None, rule: Choice
                   rule or choice_rule(study))
 
 
+LUCK_SDS = 2.0
+"""How many run-to-run standard deviations a single run must beat the best confirmed figure by to
+be the best (:func:`best_of`): about the luck of the best of a few dozen near-equal runs."""
+
+
 def best_view(study: optuna.Study) -> TrialView | None:
     """The best configuration by its figure (:attr:`Measured.mean`), or None when nothing is
     feasible; in a multi-objective study the trial :func:`pick` picks from the Pareto front.
@@ -393,8 +398,9 @@ def best_view(study: optuna.Study) -> TrialView | None:
     Returned as the view of its first measured trial, with ``value`` the figure of the
     configuration (trials with the same applied parameters: the mean of the runs after its first
     when it was measured again) and ``measured`` its measurements: a configuration measured again
-    is judged on the runs that confirmed it, not on the lucky run that made it a candidate. Ties
-    go to the configuration measured first.
+    is judged on the runs that confirmed it, not on the lucky run that made it a candidate; and a
+    configuration measured once beats a confirmed one only by more than the noise (:func:`best_of`).
+    Ties go to the configuration measured first.
     """
     if is_multi_objective(study):
         views = trial_views(study)
@@ -404,11 +410,26 @@ def best_view(study: optuna.Study) -> TrialView | None:
 
 
 def best_of(views: Sequence[TrialView], maximize: bool) -> TrialView | None:
-    """:func:`best_view` over ``views``."""
+    """:func:`best_view` over ``views``.
+
+    A configuration measured once does not displace a confirmed one (measured again, its figure
+    the mean of the runs after its first) unless its one run beats the best confirmed figure by
+    more than :data:`LUCK_SDS` run-to-run standard deviations (:func:`pooled_noise`). Among many
+    near-equal configurations the best single run reads high by about that much (the winner's
+    curse), while the confirmed figure does not: compared as they are, the lucky run wins, and
+    the study reports one unconfirmed measurement though it confirmed its candidates.
+    """
     configs = measured_configs(views)
     if not configs:
         return None
-    best = (max if maximize else min)(configs, key=lambda m: m.mean)
+    sign = 1.0 if maximize else -1.0
+    best = max(configs, key=lambda m: sign * m.mean)
+    confirmed = [m for m in configs if m.first_excluded]
+    if confirmed and not best.first_excluded:
+        rival = max(confirmed, key=lambda m: sign * m.mean)
+        noise = rival.noise
+        if noise is not None and sign * (best.mean - rival.mean) <= LUCK_SDS * noise.sd * abs(rival.mean):
+            best = rival
     first = next(v for v in views if v.number == best.trials[0])
     return dataclasses.replace(first, value=best.mean, measured=best)
 

@@ -15,7 +15,7 @@ trial gets, rules repaired) is parsed with the simulated server's own argparse a
 64 in / 16 out) with the noise of ``AUTOTUNE_SIM_SEED=seed``, and recorded exactly as the driver
 records it: ok -> COMPLETE with the output throughput and user attrs ``outcome=ok,
 feasible=True, applied``; a failure -> PRUNED with ``outcome=infeasible, feasible=False,
-failure_kind=<the model's outcome>, applied``; a measured trial also records what its
+failure_kind=<the model's outcome>, failure_message=<its error line>, applied``; a measured trial also records what its
 scheduler log would show (``load_signals``) and the load's concurrency, which the sampler's
 raises read.
 
@@ -248,7 +248,7 @@ def run_study(d: Design, seed: int, trials: int, sampler: str = "tpe") -> optuna
             study.tell(trial, value)
         else:
             for k, v in (("outcome", "infeasible"), ("feasible", False), ("failure_kind", kind),
-                         ("failure_message", f"simulated {kind}")):
+                         ("failure_message", p.message or kind)):  # the model's error line, as the driver records it
                 trial.set_user_attr(k, v)
             study.tell(trial, state=TrialState.PRUNED)
     return study

@@ -9,7 +9,7 @@ from optuna.trial import TrialState, create_trial
 
 from autotune.driver import make_sampler
 from autotune.load_signals import ATTR as SIGNALS_ATTR, LoadSignals
-from autotune.samplers import CrashAwareTPESampler
+from autotune.samplers import CrashAwareTPESampler, failed_moves, refused
 from autotune.study_view import PROPOSED_ATTR, proposal_text
 
 DISTS = {"algo": CategoricalDistribution(["Ring", "Tree", "unset"]), "mem": FloatDistribution(0.5, 0.95)}
@@ -401,3 +401,60 @@ def test_a_raise_into_a_region_where_every_trial_crashed_is_not_proposed() -> No
     sampler = CrashAwareTPESampler(seed=3, raise_when=RAISE_WHEN)
     assert sampler.worth(study, {**base, "slots": 192}) < 1.0
     assert _relative(study, sampler)[1] != {**base, "slots": 192}
+
+
+NCCL_DISTS = {"NCCL_ALGO": CategoricalDistribution(["unset", "Ring", "Tree"]), "mem": FloatDistribution(0.5, 0.95)}
+
+
+def test_a_choice_its_failure_names_is_not_proposed_again() -> None:
+    """NCCL says which setting it could not use (``NCCL_ALGO was set to Tree``): after one such
+    failure the sampler proposes Tree no more, though one failure is far from a crash rule (3).
+    The same failure with a message that names no setting leaves Tree to be tried again."""
+    def study_with(message: str) -> optuna.Study:
+        study = optuna.create_study(direction="maximize")
+        for i, mem in enumerate((0.55, 0.6, 0.65, 0.7, 0.75, 0.8)):
+            params = {"NCCL_ALGO": ("unset", "Ring")[i % 2], "mem": mem}
+            study.add_trial(create_trial(params=params, distributions=NCCL_DISTS, value=1000 * mem,
+                                         user_attrs={"outcome": "ok", "feasible": True, "applied": params}))
+        params = {"NCCL_ALGO": "Tree", "mem": 0.8}
+        study.add_trial(create_trial(params=params, distributions=NCCL_DISTS, state=TrialState.PRUNED, user_attrs={
+            "outcome": "infeasible", "feasible": False, "failure_kind": "nccl-error", "applied": params,
+            "failure_message": message}))
+        return study
+
+    named = "NCCL error: invalid usage: No algorithm/protocol available for function AllGather. NCCL_ALGO was set to Tree."
+    unnamed = "NCCL error: unhandled system error"
+    algos = {}
+    for message in (named, unnamed):
+        study, sampler = study_with(message), CrashAwareTPESampler(seed=2, probes=False)
+        algos[message] = [_relative(study, sampler)[1]["NCCL_ALGO"] for _ in range(30)]
+    assert "Tree" not in algos[named], algos[named]
+    assert "Tree" in algos[unnamed]
+
+
+def test_a_probe_that_failed_one_way_is_not_repeated_that_way() -> None:
+    """A probe moves one parameter of a configuration that ran, so its failure is the move's.
+    A memory failure refuses every later probe of that parameter the same way (more draft
+    tokens, from 8 to 4, fail too at the same memory); the other way stays open. Another
+    failure of a number refuses its value and beyond (a threshold); of an unordered choice,
+    that choice."""
+    dists = {"draft": CategoricalDistribution(["unset", 2, 4, 8]), "channels": IntDistribution(1, 32),
+             "algo": CategoricalDistribution(["unset", "Ring", "Tree"]), "mem": FloatDistribution(0.5, 0.95)}
+    study = optuna.create_study(direction="maximize")
+    best = {"draft": 2, "channels": 4, "algo": "unset", "mem": 0.6}
+    study.add_trial(create_trial(params=best, distributions=dists, value=500.0,
+                                 user_attrs={"outcome": "ok", "feasible": True, "applied": best}))
+    for name, value, kind in (("draft", 8, "oom"), ("channels", 24, "nccl-error"), ("algo", "Tree", "nccl-error")):
+        params = {**best, name: value}
+        study.add_trial(create_trial(
+            params=params, distributions=dists, state=TrialState.PRUNED,
+            user_attrs={"outcome": "infeasible", "feasible": False, "failure_kind": kind, "applied": params},
+            system_attrs={PROPOSED_ATTR: {"by": "probe", "param": name, "around": 0}}))
+    moves = failed_moves(study.trials, dists)
+    assert [(m.param, m.before, m.after, m.kind) for m in moves] == [
+        ("draft", 2, 8, "oom"), ("channels", 4, 24, "nccl-error"), ("algo", "unset", "Tree", "nccl-error")]
+    assert refused(moves, dists, "draft", 4, 2) and not refused(moves, dists, "draft", "unset", 2)
+    assert refused(moves, dists, "channels", 28, 4) and not refused(moves, dists, "channels", 16, 4)
+    assert not refused(moves, dists, "channels", 2, 4)
+    assert refused(moves, dists, "algo", "Tree", "unset") and not refused(moves, dists, "algo", "Ring", "unset")
+    assert not refused(moves, dists, "mem", 0.9, 0.6)  # never probed: nothing refused
