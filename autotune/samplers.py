@@ -101,8 +101,8 @@ import random
 import re
 import warnings
 from collections import Counter
-from dataclasses import dataclass
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -185,6 +185,7 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         self._named: set[tuple[str, Any]] = set()
         self._boundary = FeasibilityModel({})
         self._boundary_cost: dict[str, float] = {}
+        self._learnt_at: tuple[int, tuple[str, ...]] | None = None
 
     # -- the sampler protocol --------------------------------------------------------------------
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
@@ -198,10 +199,7 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
                     if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
         incumbent = self._incumbent(study, finished) if self.probes else None
         launched = {self._launch_key(t.params) for t in finished}
-        self._moves = failed_moves(finished, search_space)
-        self._named = named_choices(finished, search_space)
-        self._boundary = FeasibilityModel(search_space).fit([t.params for t in finished if _measured(t)],
-                                                     [(k, t.params) for t in finished if (k := _kind(t))])
+        self._learn(finished, search_space)
         if self.probes and finished and not any(_measured(t) for t in finished):
             back_off = self._back_off(finished, search_space) if trial.number % PROBE_EVERY == 1 else None
             for _ in range(MAX_DRAWS):
@@ -242,8 +240,8 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
             return params
         best, best_worth = params, -1.0
         for _ in range(MAX_DRAWS):
-            worth = 0.0 if self._launch_key(params) in launched else self.worth(study, params)
-            if (worth >= 1.0 or self._rng.random() < worth) and self._boundary.chance(params) < RISK:
+            worth, chance = (0.0, 0.0) if self._launch_key(params) in launched else self._assess(study, params)
+            if (worth >= 1.0 or self._rng.random() < worth) and chance < RISK:
                 return params
             if worth > best_worth:
                 best, best_worth = params, worth
@@ -273,23 +271,44 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         choice a failure named or a failed probe moved to alone (:func:`named_choices`,
         :func:`failed_moves`). The boundary and those choices are as of the last
         :meth:`sample_relative`."""
-        if any(m.kind not in MEMORY_KINDS and not _ordered(m.distribution) and params.get(m.param) == m.after
-               for m in self._moves) or any((n, v) in self._named for n, v in params.items()):
-            return 0.0  # a choice that failed when it alone moved from a configuration that ran, or its failure named
-        worth = 1.0
-        for conditions, p, cost_ratio in self.regions(study):
-            if all(c.holds(params) for c in conditions):
-                worth = min(worth, _worth(p, cost_ratio))
-        p = self._boundary.chance(params)
-        if p > 0.0:
-            worth = min(worth, _worth(p, max(self._boundary_cost.get(k, 1.0) for k in self._boundary.kinds)))
-        return worth
+        return self._assess(study, params)[0]
 
     def safe(self, study: optuna.Study, params: dict[str, Any]) -> bool:
         """Whether a probe or raise may go to ``params``: outside every crash region, and less
         than :data:`RISK` likely to fail at the boundary (:mod:`autotune.feasibility`)."""
-        return (all(not all(c.holds(params) for c in conditions) for conditions, p, _ in self.regions(study) if p > 0)
-                and self._boundary.chance(params) < RISK)
+        return self._regions_worth(study, params) >= 1.0 and self._boundary.chance(params) < RISK
+
+    def _assess(self, study: optuna.Study, params: dict[str, Any]) -> tuple[float, float]:
+        """:meth:`worth` of ``params`` and the boundary's chance that it fails."""
+        chance = self._boundary.chance(params)
+        if any(m.kind not in MEMORY_KINDS and not _ordered(m.distribution) and params.get(m.param) == m.after
+               for m in self._moves) or any((n, v) in self._named for n, v in params.items()):
+            return 0.0, chance  # a choice that failed when it alone moved from a configuration that ran, or its failure named
+        worth = self._regions_worth(study, params)
+        if chance > 0.0:
+            worth = min(worth, _worth(chance, max(self._boundary_cost.get(k, 1.0) for k in self._boundary.kinds)))
+        return worth, chance
+
+    def _regions_worth(self, study: optuna.Study, params: dict[str, Any]) -> float:
+        """The least worth of ``params`` over the crash regions holding it (1 outside them all)."""
+        worth = 1.0
+        for conditions, p, cost_ratio in self.regions(study):
+            if all(c.holds(params) for c in conditions):
+                worth = min(worth, _worth(p, cost_ratio))
+        return worth
+
+    def _learn(self, finished: list[FrozenTrial], search_space: dict[str, BaseDistribution]) -> None:
+        """Read the failed moves, named choices and the boundary from ``finished``; kept until a
+        trial finishes or the search space changes (parallel slots ask several times between)."""
+        key = (len(finished), tuple(search_space))
+        if key == self._learnt_at:
+            return
+        self._moves = failed_moves(finished, search_space)
+        self._named = named_choices(finished, search_space)
+        if self.avoid_crashes:  # the boundary is read only to avoid crashes
+            self._boundary = FeasibilityModel(search_space).fit([t.params for t in finished if _measured(t)],
+                                                                [(k, t.params) for t in finished if (k := _kind(t))])
+        self._learnt_at = key
 
     def regions(self, study: optuna.Study) -> list[tuple[tuple[Any, ...], float, float]]:
         """The study's crash regions: each rule's conditions (:func:`autotune.analysis.failure_rules`)
@@ -549,10 +568,16 @@ def named_choices(finished: Sequence[FrozenTrial], search_space: Mapping[str, Ba
             if not isinstance(dist, CategoricalDistribution) or name not in t.params:
                 continue
             value = t.params[name]
-            said = name in text or "--" + name.replace("_", "-") in text
-            if said and re.search(rf"(?<![\w.-]){re.escape(str(value))}(?![\w-])", text):
+            said = _says(text, name) or _says(text, "--" + name.replace("_", "-"))
+            if said and _says(text, str(value)):
                 out.add((name, value))
     return out
+
+
+def _says(text: str, word: str) -> bool:
+    """Whether ``word`` is in ``text`` as a word of its own (``Tree``, not ``Trees``; ``algo``, not
+    ``algorithm``); a full stop may follow it."""
+    return re.search(rf"(?<![\w.-]){re.escape(word)}(?![\w-])", text) is not None
 
 
 def refused(moves: Sequence[FailedMove], search_space: Mapping[str, BaseDistribution], name: str, value: Any,
