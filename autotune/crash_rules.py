@@ -13,6 +13,16 @@ not a crash) and the failed ones (``infeasible``); faults are the infrastructure
 about a configuration. The rules are found for each failure kind K by sequential greedy set
 cover:
 
+0. **A setting the engine's error names** is a rule from one failure: NCCL says which setting it
+   could not use (``No algorithm/protocol available for function AllGather ... NCCL_ALGO was set
+   to Tree.``), and that is the evidence, not a count. A categorical ``P=v`` whose value and
+   parameter (or flag) a failure's message names (:func:`autotune.failures.names_choice`; not a
+   memory kind: memory is a sum no one setting is to blame for) is a rule of that failure's kind
+   when no trial that could have refuted it did (nothing measured had ``P=v``, nothing failed
+   later in a trial with it): ``NCCL_ALGO=Tree -> nccl-error (1 of 1; the error names it)``. It
+   is taken before the cover, which then works on the trials it leaves. (The default sampler
+   stops proposing a named choice after one failure, so such a study rarely holds the three
+   failures a counted rule needs: without this step ``explain`` said nothing of Tree.)
 1. **What a trial says about a rule of kind K** depends on how far it got (:data:`STAGES`: the
    arguments, sizing the KV pool -- before any NCCL collective, whose buffers are allocated
    lazily out of the headroom --, the rest of start-up, under load). A success, or a failure
@@ -41,7 +51,16 @@ cover:
    host such rules (``mem_fraction_static >= 0.9 & speculative_num_draft_tokens >= 2 ->
    nccl-error (6 of 6)``, five of the six at one setting of the rest) held 18 % of the time over
    the configurations their studies explored: the NCCL buffers fit or not by the memory all the
-   other parameters leave.
+   other parameters leave. **A memory failure is a boundary** (:data:`autotune.failures.MEMORY_KINDS`:
+   a sum of the KV pool, CUDA graphs, draft tokens and NCCL buffers crossing a capacity), and a
+   sampler's failures gather near it, where any parameter's range can hold a few of them: a
+   one-condition rule of a memory kind on fewer than ``MIN_BOUNDARY_SUPPORT`` failures must be a
+   threshold the way the search space declares its parameter monotone for that kind
+   (``mem_fraction_static >= x -> oom`` under ``monotone: {oom: up}``), the declaration being
+   what makes one threshold stand for the boundary; otherwise it needs the support of a pair.
+   On the explain bench's 30-trial studies, 3 of 9 such rules on 3 failures were true by the
+   simulator's model; the two false ones (``speculative_num_draft_tokens <= 4 -> oom``,
+   ``NCCL_MAX_NCHANNELS <= 12 -> oom``, model 0.23 and 0.37) were on undeclared parameters.
 3. **The search is paid for**: a one-condition rule must also be one that, had the failures
    nothing to do with the parameters, would turn up as surely among *all* the candidate
    conditions in fewer than ``alpha_family`` of ``permutations`` shuffles of the outcomes over
@@ -96,7 +115,8 @@ cover:
 
 A value that merely co-occurred with the cause (``speculative_num_draft_tokens=4`` in the two
 trials that both had ``NCCL_ALGO=Tree``) explains nothing once the cause is taken, so it is not
-printed; failures of two kinds are never one rule; two failures are no rule.
+printed; failures of two kinds are never one rule; two failures are no rule, unless the engine's
+error names the setting (step 0).
 
 What a rule does not say: it holds over the configurations the study tried. A threshold sits at
 the failure nearest the successes (the tightest rule), but where the true boundary also depends
@@ -125,12 +145,16 @@ from typing import Any
 
 import numpy as np
 
+from autotune.failures import MEMORY_KINDS, names_choice
 from autotune.study_view import TrialView
 
 MIN_SUPPORT = 3
 """Fewest failures a crash rule rests on..."""
 MIN_PAIR_SUPPORT = 5
-"""...and a two-condition one (the module docstring, step 5)."""
+"""...and a two-condition one (the module docstring, step 5)..."""
+MIN_BOUNDARY_SUPPORT = 5
+"""...and a one-condition rule of a memory kind on a parameter the space does not declare
+monotone for that kind, that way (the module docstring, step 2)."""
 MIN_PRECISION = 0.8
 ALPHA = 0.03
 """Chance (hypergeometric tail, informative trials) a one-condition rule must be below..."""
@@ -213,6 +237,8 @@ class FailureRule:
     """Conditions on other parameters the cover would have taken as surely at the step that took
     this rule, over other failures of its kind: the data does not choose between them (the
     module docstring, step 6)."""
+    named: bool = False
+    """The rule rests on the engine's error naming its setting (the module docstring, step 0)."""
     scope: list[Condition] = field(default_factory=list)
     """Where the rule was shown. On its own thresholds: how far the trials it was judged on (those
     it covers that no earlier rule of its kind covers) got to where its kind happens, the rest
@@ -225,8 +251,9 @@ class FailureRule:
         return " & ".join(str(c) for c in self.conditions)
 
     def __str__(self) -> str:
+        named = "; the error names it" if self.named else ""
         scope = f"; shown only with {', '.join(str(c) for c in self.scope)}" if self.scope else ""
-        return f"{self.condition} -> {self.kind} ({self.failed} of {self.covered}{scope})"
+        return f"{self.condition} -> {self.kind} ({self.failed} of {self.covered}{named}{scope})"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -238,6 +265,7 @@ class FailureRule:
             "other_failures": self.other_failures,
             "trials": list(self.trials),
             "p_value": float(f"{self.p_value:.3g}"),
+            "named_by_error": self.named,
             "confounded_with": [str(c) for c in self.confounded_with],
             "confounded_conditions": [c.to_json() for c in self.confounded_with],
             "as_sure": [str(c) for c in self.as_sure],
@@ -413,7 +441,8 @@ def stage(kind: str) -> int:
 
 def rule_settings() -> dict[str, Any]:
     """The crash rules' settings (the module's constants), as ``explain`` reports them."""
-    return {"min_support": MIN_SUPPORT, "min_pair_support": MIN_PAIR_SUPPORT, "min_precision": MIN_PRECISION,
+    return {"min_support": MIN_SUPPORT, "min_pair_support": MIN_PAIR_SUPPORT,
+            "min_boundary_support": MIN_BOUNDARY_SUPPORT, "min_precision": MIN_PRECISION,
             "alpha": ALPHA, "alpha_family": ALPHA_FAMILY, "permutations": PERMUTATIONS, "alpha_pair": ALPHA_PAIR, "alpha_alone": ALPHA_ALONE,
             "alpha_within": ALPHA_WITHIN, "other_weight": OTHER_WEIGHT, "excused_weight": EXCUSED_WEIGHT}
 
@@ -466,7 +495,8 @@ class _Cover:
 
     def __init__(self, kind_fail: np.ndarray, weight: np.ndarray, conds: list[Condition], masks: np.ndarray,
                  params_of: np.ndarray, bounds: dict[bytes, float], dense: np.ndarray, settings: _Settings,
-                 exposed: np.ndarray | None = None) -> None:
+                 exposed: np.ndarray | None = None, taken: np.ndarray | None = None,
+                 thin_ok: np.ndarray | None = None) -> None:
         self.kind_fail, self.weight, self.conds, self.masks, self.params_of = kind_fail, weight, conds, masks, params_of
         self.dense = dense
         self.settings = settings
@@ -478,7 +508,11 @@ class _Cover:
         self.counted = kind_fail | (weight > 0)
         self.against = self.counted & ~kind_fail
         self.hard = self.against & (weight >= 1.0)
-        self.active = np.ones(len(kind_fail), dtype=bool)
+        self.thin_ok = thin_ok
+        """Per condition, whether a one-condition rule on it may rest on fewer than
+        ``MIN_BOUNDARY_SUPPORT`` failures (None: every one may)."""
+        self.active = np.ones(len(kind_fail), dtype=bool) if taken is None else ~taken
+        """The rows no rule covers yet (``taken``: those the named rules cover, step 0)."""
         self.every = np.arange(len(conds))
         self.bounds = bounds
         self.banned: set[int] = set()
@@ -517,6 +551,12 @@ class _Cover:
 
     def valid(self, fail: np.ndarray, agn: np.ndarray) -> np.ndarray:
         return (fail >= MIN_SUPPORT) & (fail >= MIN_PRECISION * (fail + agn) - 1e-9)
+
+    def thin(self, j: int, failures: float) -> bool:
+        """Whether a one-condition rule ``j`` over ``failures`` failures is too thin: a boundary's
+        kind, fewer than ``MIN_BOUNDARY_SUPPORT`` failures, and not a parameter the space declares
+        monotone for the kind that way (the module docstring, step 2)."""
+        return self.thin_ok is not None and not self.thin_ok[j] and failures < MIN_BOUNDARY_SUPPORT - 1e-9
 
     def spread(self, idx: Sequence[int], mask: np.ndarray) -> bool:
         """Whether the failures of the kind that the rule ``idx`` covers among the active rows
@@ -579,7 +619,8 @@ class _Cover:
         counts = self.stats(self.every) if counts is None else counts  # given: the active rows unchanged
         fail, agn, nag, cov = counts
         ranked = self.pick(fail, agn, nag, cov, ALPHA, family=True, count=MAX_RANKED,
-                           extra_ok=lambda j: j not in self.banned and self.spread((j,), self.masks[j]))
+                           extra_ok=lambda j: j not in self.banned and not self.thin(j, fail[j])
+                           and self.spread((j,), self.masks[j]))
         if not ranked:
             return [], counts
 
@@ -647,6 +688,7 @@ class _Cover:
         fail, agn, nag, cov = self.stats(cand)
         keep = self.chance(fail, nag) <= ALPHA
         better = keep & (fail > f.sum()) & self.valid(fail, agn)
+        better &= np.array([not self.thin(c, f_c) for c, f_c in zip(cand, fail)])
         better &= np.array([self.spread((c,), self.masks[c]) for c in cand]) if better.any() else better
         if better.any():
             c = int(cand[np.flatnonzero(better)[np.argmax(fail[better])]])
@@ -745,10 +787,27 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
         zero = np.zeros(n, dtype=bool)
         return dense * np.stack([own.get(name, zero) for name in params_of]).astype(np.float32)
 
+    named = named_rules(rows, kinds_of, weights, conds, masks)
+
+    def thin_ok(kind: str) -> np.ndarray | None:
+        """Per condition, whether a rule of ``kind`` on it may rest on fewer failures than
+        ``MIN_BOUNDARY_SUPPORT``: any, but for a memory kind, where it must be a threshold the
+        way the space declares its parameter monotone for the kind (step 2)."""
+        if kind not in MEMORY_KINDS:
+            return None
+        way = {"up": ">=", "down": "<="}
+        return np.array([c.op == way.get(monotone.get(c.param, {}).get(kind, ""), "") for c in conds], dtype=bool)
+
     def run(explained: np.ndarray, by_param: dict[str, np.ndarray]) -> Found:
-        return {kind: _Cover(kinds_of == kind, weights(kind, explained), conds, masks, params_of, family_bounds, dense,
-                             settings, exposed(kind, by_param)).run()
-                for kind in kinds}
+        found: Found = {}
+        for kind in kinds:
+            taken = np.zeros(n, dtype=bool)
+            for i in named.get(kind, []):
+                taken |= masks[i]
+            found[kind] = [*(((i,), masks[i], [], []) for i in named.get(kind, [])),
+                           *_Cover(kinds_of == kind, weights(kind, explained), conds, masks, params_of, family_bounds,
+                                   dense, settings, exposed(kind, by_param), taken, thin_ok(kind)).run()]
+        return found
 
     def explained_by(found: Found) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """The failures the rules explain, and of them those explained by a rule on each parameter."""
@@ -779,6 +838,7 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
             judged = mask & ~taken  # the trials it was judged on: no earlier rule of its kind covers them
             taken |= mask
             failed = int((mask & kind_fail).sum())
+            is_named = len(idx) == 1 and idx[0] in named.get(kind, [])
             rules.append(FailureRule(
                 conditions=tuple(conds[i] for i in idx), kind=kind, failed=failed, covered=int(mask.sum()),
                 trials=[rows[i].number for i in np.flatnonzero(mine)],
@@ -786,15 +846,41 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
                 p_value=hypergeom_tail(int(informative.sum()), int(kind_fail.sum()), int((mask & informative).sum()), failed),
                 confounded_with=[conds[i] for i in rival],
                 as_sure=[conds[i] for i in sure],
-                scope=[*rule_reach(rows, judged & ~earlier, judged, tuple(conds[i] for i in idx), kind,
-                                   monotone=monotone, bounds=bounds),
-                       *rule_scope(rows, judged, kind, idx_params={conds[i].param for i in idx}, monotone=monotone)],
+                named=is_named,
+                scope=[] if is_named else  # the engine's words say it fails whatever the rest
+                [*rule_reach(rows, judged & ~earlier, judged, tuple(conds[i] for i in idx), kind,
+                             monotone=monotone, bounds=bounds),
+                 *rule_scope(rows, judged, kind, idx_params={conds[i].param for i in idx}, monotone=monotone)],
             ))
         if left.any():
             unexplained[kind] = [rows[i].number for i in np.flatnonzero(left)]
             local += at_one_configuration(rows, left, ~crashed, kind, settings)
     rules.sort(key=lambda r: (-len(r.trials), r.kind, r.condition))
     return RuleReport(rules=rules, unexplained=unexplained, finished=n, at_one_configuration=local)
+
+
+def named_rules(rows: Sequence[TrialView], kinds_of: np.ndarray, weights: Any, conds: Sequence[Condition],
+                masks: np.ndarray) -> dict[str, list[int]]:
+    """Per failure kind, the conditions (indices into ``conds``) that are rules because a failure's
+    message names them (the module docstring, step 0), most failures first: ``P=v`` on a value
+    that is not a number, named by the message of a failure of the kind that had it, and no row
+    it covers counts fully against a rule of the kind (``weights(kind, nothing explained)``: a
+    trial that ran, or failed later in a trial). Each named failure goes to one rule."""
+    nothing = np.zeros(len(rows), dtype=bool)
+    out: dict[str, list[int]] = {}
+    for kind in sorted({k for k in kinds_of if k and k not in MEMORY_KINDS}):
+        fail = kinds_of == kind
+        against = (weights(kind, nothing) >= 1.0) & ~fail
+        cands = [i for i, c in enumerate(conds)
+                 if c.op == "=" and not is_number(c.value) and not isinstance(c.value, bool) and not (masks[i] & against).any()
+                 and any(names_choice(str((rows[r].failure or {}).get("message") or ""), c.param, c.value)
+                         for r in np.flatnonzero(masks[i] & fail))]
+        left = fail.copy()
+        for i in sorted(cands, key=lambda i: (-int((masks[i] & fail).sum()), i)):
+            if (masks[i] & left).any():
+                out.setdefault(kind, []).append(i)
+                left &= ~masks[i]
+    return out
 
 
 def at_one_configuration(rows: Sequence[TrialView], left: np.ndarray, ran: np.ndarray, kind: str,

@@ -37,6 +37,23 @@ FAULT_KINDS = frozenset(
      "connection-lost", "remote-timeout", "host-key-unknown", "host-key-mismatch", "auth-failed", "setup-failed",
      "gpu-busy"}
 )
+MEMORY_KINDS = ("oom", "not-enough-memory", "crash-under-load")
+"""The failure kinds of memory: a sum crossing a capacity, which no one setting is to blame for
+(a message that names a setting there does not say the setting cannot be used)."""
+
+
+def names_choice(message: str, param: str, value: object) -> bool:
+    """Whether a failure's ``message`` names the setting ``param`` = ``value``: the parameter (as
+    named, or as its flag ``--param-name``) and the value, each as a word of its own. NCCL says
+    which setting it could not use (``No algorithm/protocol available for function AllGather ...
+    NCCL_ALGO was set to Tree.``). Words: ``Tree``, not ``Trees``; ``algo``, not ``algorithm``;
+    a full stop may follow."""
+    said = _says(message, param) or _says(message, "--" + param.replace("_", "-"))
+    return said and _says(message, str(value))
+
+
+def _says(text: str, word: str) -> bool:
+    return re.search(rf"(?<![\w.-]){re.escape(word)}(?![\w-])", text) is not None
 
 
 @dataclass(frozen=True)

@@ -37,9 +37,8 @@ import numpy as np
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
 from autotune.crash_rules import is_number
+from autotune.failures import MEMORY_KINDS
 
-MEMORY_KINDS = ("oom", "not-enough-memory", "crash-under-load")
-"""The failure kinds of memory."""
 MODELLED_KINDS = (*MEMORY_KINDS, "nccl-error")
 """The failure kinds a model is fitted for (module docstring)."""
 MIN_EACH = 3

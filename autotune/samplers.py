@@ -98,7 +98,6 @@ from __future__ import annotations
 
 import math
 import random
-import re
 import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -111,7 +110,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.analysis import analysed_views, failure_rules
 from autotune.crash_rules import is_number
-from autotune.feasibility import MEMORY_KINDS, MODELLED_KINDS, FeasibilityModel
+from autotune.failures import MEMORY_KINDS, names_choice
+from autotune.feasibility import MODELLED_KINDS, FeasibilityModel
 from autotune.load_signals import ATTR as SIGNALS_ATTR, LoadSignals, raises_called_for
 from autotune.study_view import PROPOSED_ATTR
 
@@ -321,7 +321,7 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
             ok = sorted(durations[v.number] for v in views if v.outcome == "ok")
             typical = ok[len(ok) // 2] if ok else 0.0
             out = []
-            for rule in failure_rules(views).rules:
+            for rule in failure_rules(views, self.monotone).rules:  # as `study explain` states them
                 failed = [durations.get(n, 0.0) for n in rule.trials] or [typical]
                 ratio = (sum(failed) / len(failed)) / typical if typical > 0 else 1.0
                 out.append((rule.conditions, rule.failed / rule.covered, max(ratio, 1e-3)))
@@ -567,17 +567,9 @@ def named_choices(finished: Sequence[FrozenTrial], search_space: Mapping[str, Ba
         for name, dist in search_space.items():
             if not isinstance(dist, CategoricalDistribution) or name not in t.params:
                 continue
-            value = t.params[name]
-            said = _says(text, name) or _says(text, "--" + name.replace("_", "-"))
-            if said and _says(text, str(value)):
-                out.add((name, value))
+            if names_choice(text, name, t.params[name]):
+                out.add((name, t.params[name]))
     return out
-
-
-def _says(text: str, word: str) -> bool:
-    """Whether ``word`` is in ``text`` as a word of its own (``Tree``, not ``Trees``; ``algo``, not
-    ``algorithm``); a full stop may follow it."""
-    return re.search(rf"(?<![\w.-]){re.escape(word)}(?![\w-])", text) is not None
 
 
 def refused(moves: Sequence[FailedMove], search_space: Mapping[str, BaseDistribution], name: str, value: Any,

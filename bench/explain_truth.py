@@ -34,7 +34,10 @@ the longer ones (``--long-studies``, ``--long-trials``) apart:
 - **planted behaviours**: whether a printed rule states each behaviour the scenarios plant, out
   of the studies whose trials showed it at least ``MIN_SUPPORT`` times with one failure kind
   (the model says why each trial failed: see :func:`cause`; a rule is of one kind, and with fewer
-  failures there can be no rule, by design). The channels x ``mem_fraction_static`` interaction
+  failures there can be no rule, by design), or once with an error that names the setting (Tree:
+  NCCL's ``NCCL_ALGO was set to Tree``, a rule from one failure). Oversized channels x buffers
+  are shown by a NCCL-buffer failure that the same point with the channels left to NCCL and
+  4 MiB buffers (NCCL's defaults) does not have. The channels x ``mem_fraction_static`` interaction
   is shown by a failure that both parameters caused: the same point at the lowest
   ``mem_fraction_static`` searched runs, and with the channel count left to NCCL does not fail
   that way. A rule on channels alone whose scope says it was shown only with a high
@@ -86,6 +89,7 @@ from autotune.analysis import MIN_SUPPORT, MONOTONE_ATTR, explain
 from autotune.crash_rules import Condition
 from autotune.demo import DEMO_CONFIG
 from autotune.driver import make_sampler
+from autotune.failures import names_choice
 from autotune.load_signals import ATTR as SIGNALS_ATTR
 from autotune.sim.args import parse_server_args
 from autotune.sim.engine import configure
@@ -222,6 +226,16 @@ def channels_matter(d: Design, params: dict[str, Any], kind: str) -> bool:
         return False
     default = {**params, **{p: 1 if p == "NCCL_MIN_NCHANNELS" else 64 for p in named}}
     return outcome(d, params)[0] == kind and outcome(d, default)[0] != kind
+
+
+def buffers_oversized(d: Design, params: dict[str, Any], kind: str) -> bool:
+    """The point fails with ``kind``, and the same point with the channel count left to NCCL and
+    ``NCCL_BUFFSIZE`` at NCCL's default (4 MiB) does not: the channels or buffers it set are what
+    does not fit (a failure at the defaults, as when speculation takes the memory the buffers
+    need, is not the planted behaviour)."""
+    reset = {p: v for p, v in (("NCCL_MIN_NCHANNELS", 1), ("NCCL_MAX_NCHANNELS", 64), ("NCCL_BUFFSIZE", 4 << 20))
+             if p in d.space.parameters}
+    return bool(reset) and outcome(d, params)[0] == kind and outcome(d, {**params, **reset})[0] != kind
 
 
 def run_study(d: Design, seed: int, trials: int, sampler: str = "tpe") -> optuna.Study:
@@ -366,14 +380,18 @@ class Behaviour:
     shown: Callable[[Design, dict[str, Any], str], bool]
     stated: Callable[[str, list[dict[str, Any]]], bool]
     scoped: Callable[[str, list[dict[str, Any]], list[dict[str, Any]]], bool] | None = None
+    named: tuple[str, str] | None = None
+    """A setting whose failures the engine's error names: one failure that names it shows the
+    behaviour (``explain`` states a rule from it, :mod:`autotune.crash_rules` step 0)."""
 
 
 BEHAVIOURS = (
     Behaviour("Tree crashes: `NCCL_ALGO=Tree -> nccl-error`",
               shown=lambda d, p, k: k == "nccl-error" and cause(d, p) == "tree",
-              stated=lambda k, c: k == "nccl-error" and len(c) == 1 and _mentions(c, "NCCL_ALGO", "=", "Tree")),
+              stated=lambda k, c: k == "nccl-error" and len(c) == 1 and _mentions(c, "NCCL_ALGO", "=", "Tree"),
+              named=("NCCL_ALGO", "Tree")),
     Behaviour("oversized channels x buffers: a `nccl-error` rule on channels >= or NCCL_BUFFSIZE >=",
-              shown=lambda d, p, k: k == "nccl-error" and cause(d, p) == "nccl-buffers",
+              shown=lambda d, p, k: k == "nccl-error" and cause(d, p) == "nccl-buffers" and buffers_oversized(d, p, k),
               stated=lambda k, c: k == "nccl-error" and not _mentions(c, "NCCL_ALGO")
               and (_mentions(c, "NCCL_MIN_NCHANNELS", ">=") or _mentions(c, "NCCL_BUFFSIZE", ">="))),
     Behaviour("channels x mem_fraction_static (memory): a rule over a channels parameter and mem_fraction_static",
@@ -462,15 +480,19 @@ def score_study(sc: Score, d: Design, study: optuna.Study, seed: int) -> dict[st
         if not rate >= TRUE_RATE:
             sc.false_rules.append(entry)
     for b in BEHAVIOURS:
-        # a rule is of one failure kind: the behaviour is shown when MIN_SUPPORT failures of one kind show it
-        shows = Counter(t.user_attrs["failure_kind"] for t in finished if t.user_attrs.get("failure_kind")
-                        and b.shown(d, t.user_attrs["applied"], t.user_attrs["failure_kind"]))
+        # a rule is of one failure kind: the behaviour is shown when MIN_SUPPORT failures of one kind
+        # show it, or one whose error names the setting
+        showing = [t for t in finished if t.user_attrs.get("failure_kind")
+                   and b.shown(d, t.user_attrs["applied"], t.user_attrs["failure_kind"])]
+        shows = Counter(t.user_attrs["failure_kind"] for t in showing)
+        named = b.named is not None and any(names_choice(str(t.user_attrs.get("failure_message") or ""), *b.named)
+                                            for t in showing)
         stated = any(b.stated(r["kind"], r["conditions"]) for r in doc["failure_rules"])
         scoped = b.scoped is not None and not stated and any(
             b.scoped(r["kind"], r["conditions"], r.get("scope_conditions") or []) for r in doc["failure_rules"])
         row = sc.behaviours.setdefault(b.name, {"shown": 0, "stated_when_shown": 0, "stated_otherwise": 0,
                                                 "scoped_when_shown": 0})
-        if max(shows.values(), default=0) >= MIN_SUPPORT:
+        if max(shows.values(), default=0) >= MIN_SUPPORT or named:
             row["shown"] += 1
             row["stated_when_shown"] += stated
             row["scoped_when_shown"] += scoped

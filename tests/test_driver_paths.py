@@ -194,15 +194,18 @@ def test_slo_constraints(tmp_path: Path, constraint: str, key: str, outcome: str
 
 # -- explain, list, dashboard -------------------------------------------------------------------
 def test_explain_names_the_value_that_crashes(studies: Studies) -> None:
-    """Two crashes are too few for a rule (a rule needs 3 failures it explains): explain says
-    they are unexplained rather than present two trials as knowledge."""
+    """Two crashes are too few for a counted rule (it needs 3 failures it explains), but the
+    simulated engine's NCCL error names the setting (``NCCL_ALGO was set to Tree``): that is the
+    rule's evidence, and explain says so, through the driver's own records."""
     explain = ("study", "explain", "tree", "--storage", studies.storage)
     doc = json.loads(autotune(*explain, "--json", cwd=studies.folder).stdout)
     assert doc["study"] == "tree" and doc["trials"] == 3
     assert doc["outcomes"] == {"infeasible": 2, "ok": 1} and doc["failure_kinds"] == {"nccl-error": 2}
-    assert doc["failure_rules"] == [] and doc["unexplained_failures"]["count"] == 2
+    (rule,) = doc["failure_rules"]
+    assert rule["rule"] == "NCCL_ALGO=Tree -> nccl-error (2 of 2; the error names it)" and rule["named_by_error"]
+    assert doc["unexplained_failures"]["count"] == 0
     text = autotune(*explain, cwd=studies.folder).stdout
-    assert "tree: 3 trials" in text and "nccl-error" in text
+    assert "tree: 3 trials" in text and "NCCL_ALGO=Tree -> nccl-error (2 of 2; the error names it)" in text
 
 
 def test_list_counts_every_study(studies: Studies) -> None:

@@ -40,14 +40,16 @@ def _random_params(rng: random.Random) -> dict[str, Any]:
     return SPACE.repair(values)
 
 
-def _trial(params: dict[str, Any], kind: str | None, value: float | None) -> optuna.trial.FrozenTrial:
-    """One trial as the driver tells it: ok -> COMPLETE, a failure -> PRUNED."""
+def _trial(params: dict[str, Any], kind: str | None, value: float | None,
+           message: str | None = None) -> optuna.trial.FrozenTrial:
+    """One trial as the driver tells it: ok -> COMPLETE, a failure -> PRUNED (its error line
+    ``message``, or ``simulated <kind>``)."""
     attrs: dict[str, Any] = {"applied": params, "feasible": kind is None, "failure_kind": kind,
                              "outcome": "ok" if kind is None else "infeasible", "metrics": {}}
     if kind is None:
         attrs["metrics"] = {"output_throughput": value}
         return create_trial(params=params, distributions=DISTS, value=value, user_attrs=attrs)
-    attrs["failure_message"] = f"simulated {kind}"
+    attrs["failure_message"] = message or f"simulated {kind}"
     return create_trial(params=params, distributions=DISTS, state=TrialState.PRUNED, user_attrs=attrs)
 
 
@@ -94,6 +96,37 @@ def test_a_confounded_value_is_not_blamed(tmp_path: Path) -> None:
     assert rule["conditions"] == [{"param": "NCCL_ALGO", "op": "=", "value": "Tree"}]
     assert rule["support"] == {"failed": len(tree), "covered": len(tree)}
     assert doc["unexplained_failures"] == {"count": 0, "trials": [], "kinds": {}, "at_one_configuration": []}
+
+
+NO_ALGO = ("torch.distributed.DistBackendError: NCCL error: invalid usage: No algorithm/protocol available for "
+           "function AllGather with datatype ncclBfloat16. NCCL_ALGO was set to Tree.")
+
+
+@pytest.mark.parametrize("case", ["named", "unnamed", "ran-once", "memory"])
+def test_a_setting_the_error_names_is_a_rule_from_one_failure(tmp_path: Path, case: str) -> None:
+    """NCCL's error names the choice it could not use: one such failure is a rule, with the
+    engine's words as its evidence, while the same failure with a message that does not name it,
+    a Tree trial that ran, or a memory failure whose message names it, gives none."""
+    rng = random.Random(3)
+    study = optuna.create_study(direction="maximize")
+    for i in range(20):
+        p = SPACE.repair({**_random_params(rng), "NCCL_ALGO": ("unset", "Ring")[i % 2]})
+        study.add_trial(_trial(p, None, _throughput(p, rng)))
+    tree = SPACE.repair({**_random_params(rng), "NCCL_ALGO": "Tree"})
+    kind = "oom" if case == "memory" else "nccl-error"
+    study.add_trial(_trial(tree, kind, None, None if case == "unnamed" else NO_ALGO))
+    if case == "ran-once":
+        p = SPACE.repair({**_random_params(rng), "NCCL_ALGO": "Tree"})
+        study.add_trial(_trial(p, None, _throughput(p, rng)))
+    doc = explain(study)
+    if case != "named":
+        assert doc["failure_rules"] == [] and doc["unexplained_failures"]["trials"] == [20]
+        return
+    (rule,) = doc["failure_rules"]
+    assert rule["rule"] == "NCCL_ALGO=Tree -> nccl-error (1 of 1; the error names it)"
+    assert rule["named_by_error"] is True and rule["trials"] == [20]
+    assert doc["unexplained_failures"]["count"] == 0
+    assert crash_rules(study) == [rule["rule"]]
 
 
 def test_a_confound_the_data_cannot_resolve_is_named(tmp_path: Path) -> None:
@@ -422,6 +455,38 @@ def test_a_rule_says_where_it_was_tried_on_parameters_monotone_for_its_kind(tmp_
     assert rule["scope"] == ["NCCL_MIN_NCHANNELS >= 16"]
     assert rule["rule"] == "NCCL_BUFFSIZE >= 8388608 -> nccl-error (5 of 5; shown only with NCCL_MIN_NCHANNELS >= 16)"
     assert crash_rules(study) == [rule["rule"]]
+
+
+@pytest.mark.parametrize(("way", "failures", "declared", "stated"), [
+    ("up", 4, True, True),     # a threshold the way the space declares cuda_graph_max_bs monotone for oom
+    ("up", 4, False, False),   # the same failures, no declarations stored: too thin for a boundary
+    ("down", 4, True, False),  # against the declared way
+    ("down", 5, True, True),   # the support of a pair
+])
+def test_a_thin_memory_rule_must_be_a_declared_threshold(way: str, failures: int, declared: bool,
+                                                         stated: bool) -> None:
+    """Out of memory is a boundary over several parameters: a one-condition rule on fewer than
+    five failures of a memory kind is stated only as a threshold the way the space declares its
+    parameter monotone for that kind."""
+    rng = random.Random(7)
+    study = optuna.create_study(direction="maximize")
+    if declared:
+        study.set_user_attr("space_monotone", SPACE.monotone())
+    big = way == "up"
+    for i in range(24):
+        p = SPACE.repair({**_random_params(rng), "cuda_graph_max_bs": rng.randint(40, 300)})
+        study.add_trial(_trial(p, None, _throughput(p, rng)))
+    for i in range(failures):
+        p = SPACE.repair({**_random_params(rng), "cuda_graph_max_bs": 420 + 20 * i if big else 10 + i})
+        study.add_trial(_trial(p, "oom", None))
+    rules = explain(study)["failure_rules"]
+    if not stated:
+        assert rules == []
+        return
+    (rule,) = rules
+    assert rule["conditions"] == [{"param": "cuda_graph_max_bs", "op": ">=" if big else "<=",
+                                   "value": 420 if big else 10 + failures - 1}]
+    assert rule["support"] == {"failed": failures, "covered": failures}
 
 
 def test_the_driver_stores_the_declarations_that_scope_the_rules(tmp_path: Path) -> None:

@@ -13,6 +13,9 @@ from autotune.samplers import CrashAwareTPESampler, failed_moves, refused
 from autotune.study_view import PROPOSED_ATTR, proposal_text
 
 DISTS = {"algo": CategoricalDistribution(["Ring", "Tree", "unset"]), "mem": FloatDistribution(0.5, 0.95)}
+MONOTONE = {"mem": {"oom": "up"}}
+"""``mem`` declared monotone for OOMs: a rule of 3 OOMs on it is a threshold the declaration
+supports (:data:`autotune.crash_rules.MIN_BOUNDARY_SUPPORT`)."""
 
 
 OK_MEMS = (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.87, 0.88, 0.89)
@@ -48,24 +51,26 @@ def _proposals(study: optuna.Study, sampler: optuna.samplers.BaseSampler, n: int
 
 
 def test_a_region_where_every_trial_crashed_is_not_proposed_again() -> None:
-    crash_aware = CrashAwareTPESampler(seed=1)
+    crash_aware = CrashAwareTPESampler(seed=1, monotone=MONOTONE)
     mems = _proposals(_study(crashes=3), crash_aware)
     (rule,) = crash_aware.sure_rules(_study(crashes=3))
     assert [str(c) for c in rule] == ["mem >= 0.9"]
     assert not any(rule[0].holds({"mem": m}) for m in mems), mems
     # TPE alone, same seed, same study, proposes into it (the avoidance is what keeps it out)
-    alone = _proposals(_study(crashes=3), CrashAwareTPESampler(seed=1, avoid_crashes=False))
+    alone = _proposals(_study(crashes=3), CrashAwareTPESampler(seed=1, avoid_crashes=False, monotone=MONOTONE))
+    # undeclared, three OOMs on a memory parameter are too thin for a rule: no region
+    assert CrashAwareTPESampler(seed=1).sure_rules(_study(crashes=3)) == []
     assert sum(m >= 0.9 for m in alone) >= 3, alone
 
 
 def test_a_region_with_too_few_crashes_or_a_success_is_still_searched() -> None:
-    few = CrashAwareTPESampler(seed=1)
+    few = CrashAwareTPESampler(seed=1, monotone=MONOTONE)
     assert few.sure_rules(_study(crashes=2)) == []
     mixed = _study(crashes=3)
     params = {"algo": "Tree", "mem": 0.93}
     mixed.add_trial(create_trial(params=params, distributions=DISTS, value=930.0,
                                  user_attrs={"outcome": "ok", "feasible": True, "applied": params}))
-    assert CrashAwareTPESampler(seed=1).sure_rules(mixed) == []
+    assert CrashAwareTPESampler(seed=1, monotone=MONOTONE).sure_rules(mixed) == []
 
 
 def test_study_start_uses_the_crash_aware_sampler() -> None:
@@ -148,12 +153,12 @@ def test_a_region_that_fails_late_is_avoided_more_than_one_that_fails_fast() -> 
 
     fast, slow = study_with(30.0), study_with(900.0)
     inside = {"algo": "Ring", "mem": 0.93}
-    (conditions, p_fail, _), = CrashAwareTPESampler(seed=1).regions(fast)
+    (conditions, p_fail, _), = CrashAwareTPESampler(seed=1, monotone=MONOTONE).regions(fast)
     assert [str(c) for c in conditions] == ["mem >= 0.9"] and p_fail == 0.8
-    w_fast = CrashAwareTPESampler(seed=1).worth(fast, inside)
-    w_slow = CrashAwareTPESampler(seed=1).worth(slow, inside)
+    w_fast = CrashAwareTPESampler(seed=1, monotone=MONOTONE).worth(fast, inside)
+    w_slow = CrashAwareTPESampler(seed=1, monotone=MONOTONE).worth(slow, inside)
     assert 0 < w_slow < w_fast < 1
-    assert CrashAwareTPESampler(seed=1).worth(fast, {"algo": "Ring", "mem": 0.6}) == 1.0
+    assert CrashAwareTPESampler(seed=1, monotone=MONOTONE).worth(fast, {"algo": "Ring", "mem": 0.6}) == 1.0
 
 
 def test_a_proposal_that_launches_a_measured_configuration_is_a_repeat_too() -> None:
@@ -398,7 +403,7 @@ def test_a_raise_into_a_region_where_every_trial_crashed_is_not_proposed() -> No
         params = {**base, "slots": slots, "graph": graph}
         study.add_trial(create_trial(params=params, distributions=RAISE_DISTS, state=TrialState.PRUNED, user_attrs={
             "outcome": "infeasible", "feasible": False, "failure_kind": "oom", "applied": params}))
-    sampler = CrashAwareTPESampler(seed=3, raise_when=RAISE_WHEN)
+    sampler = CrashAwareTPESampler(seed=3, raise_when=RAISE_WHEN, monotone={"slots": {"oom": "up"}})
     assert sampler.worth(study, {**base, "slots": 192}) < 1.0
     assert _relative(study, sampler)[1] != {**base, "slots": 192}
 
