@@ -315,7 +315,7 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         with its share of failures and its failures' mean duration over a measured trial's
         median. Recomputed when a trial has finished."""
         views = analysed_views(study)
-        finished = sum(1 for v in views if v.outcome in ("ok", "infeasible"))
+        finished = sum(1 for v in views if v.outcome in ("ok", "stopped", "infeasible"))  # what the rules read
         if self._rules_at != finished:
             durations = {v.number: float(v.duration_s or 0.0) for v in views}
             ok = sorted(durations[v.number] for v in views if v.outcome == "ok")

@@ -73,6 +73,19 @@ def test_a_region_with_too_few_crashes_or_a_success_is_still_searched() -> None:
     assert CrashAwareTPESampler(seed=1, monotone=MONOTONE).sure_rules(mixed) == []
 
 
+def test_a_run_stopped_early_inside_a_region_ends_it_at_once() -> None:
+    """A load stopped early ran: the rules read it as evidence against the region it lies in, and
+    the sampler's regions follow at the next ask (they are recomputed when a trial of any
+    outcome the rules read has finished, not only a measured or failed one)."""
+    study = _study(crashes=3)
+    sampler = CrashAwareTPESampler(seed=1, monotone=MONOTONE)
+    assert [[str(c) for c in conditions] for conditions, _, _ in sampler.regions(study)] == [["mem >= 0.9"]]
+    params = {"algo": "Ring", "mem": 0.92}
+    study.add_trial(create_trial(params=params, distributions=DISTS, state=TrialState.PRUNED,
+                                 user_attrs={"outcome": "stopped", "feasible": True, "applied": params}))
+    assert sampler.regions(study) == []
+
+
 def test_study_start_uses_the_crash_aware_sampler() -> None:
     sampler = make_sampler("tpe", 3)
     assert isinstance(sampler, CrashAwareTPESampler) and sampler.avoid_crashes
