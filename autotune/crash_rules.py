@@ -139,7 +139,7 @@ sizing the KV pool, before NCCL ran), the rule says it was shown up to that valu
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -859,8 +859,8 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
     return RuleReport(rules=rules, unexplained=unexplained, finished=n, at_one_configuration=local)
 
 
-def named_rules(rows: Sequence[TrialView], kinds_of: np.ndarray, weights: Any, conds: Sequence[Condition],
-                masks: np.ndarray) -> dict[str, list[int]]:
+def named_rules(rows: Sequence[TrialView], kinds_of: np.ndarray, weights: Callable[[str, np.ndarray], np.ndarray],
+                conds: Sequence[Condition], masks: np.ndarray) -> dict[str, list[int]]:
     """Per failure kind, the conditions (indices into ``conds``) that are rules because a failure's
     message names them (the module docstring, step 0), most failures first: ``P=v`` on a value
     that is not a number, named by the message of a failure of the kind that had it, and no row

@@ -48,7 +48,7 @@ RIDGE = 0.01
 ITERATIONS = 25
 """Newton steps of the fit (it converges in a few; a separable set stops at the penalty)."""
 
-__all__ = ["MEMORY_KINDS", "MIN_EACH", "MODELLED_KINDS", "FeasibilityModel"]
+__all__ = ["MIN_EACH", "MODELLED_KINDS", "FeasibilityModel"]
 
 
 class FeasibilityModel:

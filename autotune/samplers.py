@@ -57,9 +57,10 @@ a study it proposes the configuration it already measured, again and again.
   same way (more draft tokens, fewer channels: the incumbent has no room that way); after
   another failure, not that value or beyond (a number), not that choice (a categorical, which
   no proposal takes again).
-- **Choices the failure names** (:func:`named_choices`): NCCL says which setting it could not
-  use (``NCCL_ALGO was set to Tree``); a choice named so in a failure's message is not proposed
-  again, after one failure where a crash rule needs three (Kimi: 12% infeasible after the tenth
+- **Choices the failure names** (the crash rules' step 0, :mod:`autotune.crash_rules`): NCCL
+  says which setting it could not use (``NCCL_ALGO was set to Tree``); a choice named so in a
+  failure's message, and never seen to run, is a rule from that one failure (a counted rule
+  needs three) and is not proposed again (Kimi: 12% infeasible after the tenth
   to 10%).
 - **Raises the engine's log calls for** (what an operator does on reading the scheduler's lines;
   :mod:`autotune.load_signals`): when the incumbent's load showed requests waiting while a cap
@@ -110,7 +111,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.analysis import analysed_views, failure_rules
 from autotune.crash_rules import is_number
-from autotune.failures import MEMORY_KINDS, names_choice
+from autotune.failures import MEMORY_KINDS
 from autotune.feasibility import MODELLED_KINDS, FeasibilityModel
 from autotune.load_signals import ATTR as SIGNALS_ATTR, LoadSignals, raises_called_for
 from autotune.study_view import PROPOSED_ATTR
@@ -199,7 +200,7 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
                     if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
         incumbent = self._incumbent(study, finished) if self.probes else None
         launched = {self._launch_key(t.params) for t in finished}
-        self._learn(finished, search_space)
+        self._learn(study, finished, search_space)
         if self.probes and finished and not any(_measured(t) for t in finished):
             back_off = self._back_off(finished, search_space) if trial.number % PROBE_EVERY == 1 else None
             for _ in range(MAX_DRAWS):
@@ -268,8 +269,8 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         """How much a proposal is worth next to one sure to run: the least over the crash regions
         holding it, and the boundary's chance (:mod:`autotune.feasibility`), of ``(1 - p) c_ok /
         (p c_fail + (1 - p) c_ok)`` (module docstring); 0 where every trial failed, and for a
-        choice a failure named or a failed probe moved to alone (:func:`named_choices`,
-        :func:`failed_moves`). The boundary and those choices are as of the last
+        choice a failure named (a rule the engine's error states) or a failed probe moved to alone
+        (:func:`failed_moves`). The boundary and those choices are as of the last
         :meth:`sample_relative`."""
         return self._assess(study, params)[0]
 
@@ -297,14 +298,15 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
                 worth = min(worth, _worth(p, cost_ratio))
         return worth
 
-    def _learn(self, finished: list[FrozenTrial], search_space: dict[str, BaseDistribution]) -> None:
-        """Read the failed moves, named choices and the boundary from ``finished``; kept until a
-        trial finishes or the search space changes (parallel slots ask several times between)."""
+    def _learn(self, study: optuna.Study, finished: list[FrozenTrial], search_space: dict[str, BaseDistribution]) -> None:
+        """Read the failed moves, the named choices (:meth:`regions`) and the boundary from
+        ``finished``; kept until a trial finishes or the search space changes (parallel slots ask
+        several times between)."""
+        self.regions(study)
         key = (len(finished), tuple(search_space))
         if key == self._learnt_at:
             return
         self._moves = failed_moves(finished, search_space)
-        self._named = named_choices(finished, search_space)
         if self.avoid_crashes:  # the boundary is read only to avoid crashes
             self._boundary = FeasibilityModel(search_space).fit([t.params for t in finished if _measured(t)],
                                                                 [(k, t.params) for t in finished if (k := _kind(t))])
@@ -313,15 +315,19 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
     def regions(self, study: optuna.Study) -> list[tuple[tuple[Any, ...], float, float]]:
         """The study's crash regions: each rule's conditions (:func:`autotune.analysis.failure_rules`)
         with its share of failures and its failures' mean duration over a measured trial's
-        median. Recomputed when a trial has finished."""
-        views = analysed_views(study)
-        finished = sum(1 for v in views if v.outcome in ("ok", "stopped", "infeasible"))  # what the rules read
+        median; and, from the same rules, the choices a failure's message names (the rules of
+        step 0). Recomputed when a trial has finished (whatever its outcome: a run stopped early
+        counts for the rules as a run)."""
+        finished = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
         if self._rules_at != finished:
+            views = analysed_views(study)
             durations = {v.number: float(v.duration_s or 0.0) for v in views}
             ok = sorted(durations[v.number] for v in views if v.outcome == "ok")
             typical = ok[len(ok) // 2] if ok else 0.0
             out = []
-            for rule in failure_rules(views, self.monotone).rules:  # as `study explain` states them
+            rules = failure_rules(views, self.monotone).rules  # as `study explain` states them
+            self._named = {(c.param, c.value) for rule in rules if rule.named for c in rule.conditions}
+            for rule in rules:
                 failed = [durations.get(n, 0.0) for n in rule.trials] or [typical]
                 ratio = (sum(failed) / len(failed)) / typical if typical > 0 else 1.0
                 out.append((rule.conditions, rule.failed / rule.covered, max(ratio, 1e-3)))
@@ -551,27 +557,6 @@ def failed_moves(finished: Sequence[FrozenTrial], search_space: Mapping[str, Bas
     return out
 
 
-def named_choices(finished: Sequence[FrozenTrial], search_space: Mapping[str, BaseDistribution]) -> set[tuple[str, Any]]:
-    """``(parameter, choice)`` of each categorical choice a failure's own message names: the
-    parameter (as named in the space, or as a flag: ``--mem-fraction-static``) and the choice,
-    as a word, in the message of a trial that failed with a kind other than memory and had that
-    choice. NCCL says which setting it could not use (``No algorithm/protocol available for
-    function AllGather ... NCCL_ALGO was set to Tree.``): such a choice fails wherever the
-    collective runs, and one failure is enough to stop proposing it."""
-    out: set[tuple[str, Any]] = set()
-    for t in finished:
-        kind = _kind(t)
-        text = str(t.user_attrs.get("failure_message") or "")
-        if not kind or kind in MEMORY_KINDS or not text:
-            continue
-        for name, dist in search_space.items():
-            if not isinstance(dist, CategoricalDistribution) or name not in t.params:
-                continue
-            if names_choice(text, name, t.params[name]):
-                out.add((name, t.params[name]))
-    return out
-
-
 def refused(moves: Sequence[FailedMove], search_space: Mapping[str, BaseDistribution], name: str, value: Any,
             current: Any) -> bool:
     """Whether a probe moving ``name`` from ``current`` to ``value`` repeats a failed move.
@@ -663,4 +648,4 @@ def _key(params: dict[str, Any]) -> tuple[tuple[str, str], ...]:
 
 
 __all__ = ["CrashAwareTPESampler", "FailedMove", "MAX_DRAWS", "PROBE_AFTER", "PROBE_BINS", "PROBE_EVERY", "RISK",
-           "TPE_STARTUP_TRIALS", "failed_moves", "named_choices", "refused", "screening", "tpe_sampler"]
+           "TPE_STARTUP_TRIALS", "failed_moves", "refused", "screening", "tpe_sampler"]

@@ -425,9 +425,9 @@ NCCL_DISTS = {"NCCL_ALGO": CategoricalDistribution(["unset", "Ring", "Tree"]), "
 
 
 def test_a_choice_its_failure_names_is_not_proposed_again() -> None:
-    """NCCL says which setting it could not use (``NCCL_ALGO was set to Tree``): after one such
-    failure the sampler proposes Tree no more, though one failure is far from a crash rule (3).
-    The same failure with a message that names no setting leaves Tree to be tried again."""
+    """NCCL says which setting it could not use (``NCCL_ALGO was set to Tree``): one such failure
+    is a crash rule (a counted one needs 3), and the sampler proposes Tree no more. The same
+    failure with a message that names no setting leaves Tree to be tried again."""
     def study_with(message: str) -> optuna.Study:
         study = optuna.create_study(direction="maximize")
         for i, mem in enumerate((0.55, 0.6, 0.65, 0.7, 0.75, 0.8)):
