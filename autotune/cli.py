@@ -487,6 +487,8 @@ def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool 
         _out.print(Text("what crashes", "bold"), Text("(rule -> kind (failed of covered); each failure attributed to one rule)"))
     for rule in rules:
         _out.print(Text(f"  {rule['rule']}  trials {', '.join(map(str, rule['trials']))}"))
+        for quantity, meaning in (rule.get("derived") or {}).items():
+            _out.print(Text(f"    {quantity}: {meaning}"))
         if rule.get("confounded_with"):
             _out.print(Text(f"    not told apart from {' or '.join(rule['confounded_with'])}: every one of these "
                             "failures also had it, and no more trials refute it"))

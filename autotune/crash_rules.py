@@ -6,7 +6,9 @@ sampler avoids the regions where every trial a rule covers failed (:mod:`autotun
 
 A rule is a conjunction of one or two conditions on the *applied* parameter values (``P=v``;
 ``P >= x`` / ``P <= x`` for a numeric parameter, or over the numbers of a categorical one such as
-``[unset, 2, 4]``; ``x`` an observed value) and predicts one failure kind:
+``[unset, 2, 4]``; ``x`` an observed value), or on a quantity the engine computes from several
+of them (:mod:`autotune.derived`: ``nccl_buffers_mib``, channels x each connection's buffers, a
+boundary no one parameter draws), and predicts one failure kind:
 ``NCCL_ALGO=Tree -> nccl-error (4 of 4)`` says 4 finished trials had Tree set and all 4 failed
 with ``nccl-error``. Finished trials are the measured ones (``ok``; an SLO violation is measured,
 not a crash) and the failed ones (``infeasible``); faults are the infrastructure's and say nothing
@@ -47,7 +49,11 @@ cover:
    ``MIN_SUPPORT`` settings of the *other* parameters (:class:`_Settings`; or in as many as the
    study's trials hold): five failures of one configuration with only the rule's own parameters
    moved -- a probe of every draft-token count around one incumbent -- show what fails at that
-   configuration, not what fails whatever the rest. On the GLM-5
+   configuration, not what fails whatever the rest. A derived quantity moves with each of the
+   parameters it is read from, so its failures must come in that many settings of the rest with
+   any one of them counted as its own (a probe of channels around one configuration is no
+   buffers rule); it is monotone for the kinds it declares (more buffers, more NCCL errors and
+   OOMs). On the GLM-5
    host such rules (``mem_fraction_static >= 0.9 & speculative_num_draft_tokens >= 2 ->
    nccl-error (6 of 6)``, five of the six at one setting of the rest) held 18 % of the time over
    the configurations their studies explored: the NCCL buffers fit or not by the memory all the
@@ -140,11 +146,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from autotune.derived import DERIVED, derived_inputs, derived_value, derived_values
 from autotune.failures import MEMORY_KINDS, names_choice
 from autotune.study_view import TrialView
 
@@ -196,6 +203,8 @@ class Condition:
 
     def holds(self, params: dict[str, Any]) -> bool:
         v = params.get(self.param)
+        if v is None:
+            v = derived_value(self.param, params)  # a quantity the parameters give (autotune.derived)
         if v is None:
             return False
         if self.op == "=":
@@ -272,6 +281,8 @@ class FailureRule:
             "as_sure_conditions": [c.to_json() for c in self.as_sure],
             "scope": [str(c) for c in self.scope],
             "scope_conditions": [c.to_json() for c in self.scope],
+            "derived": {c.param: DERIVED[c.param].meaning for c in (*self.conditions, *self.confounded_with, *self.as_sure)
+                        if c.param in DERIVED},
         }
 
 
@@ -462,7 +473,7 @@ class _Settings:
     trials, a parameter apart; docs/BENCHMARKS.md.)"""
 
     def __init__(self, rows: Sequence[TrialView]) -> None:
-        self.names = sorted({k for v in rows for k in v.params})
+        self.names = sorted({k for v in rows for k in v.params if k not in DERIVED})  # derived: functions of these
         columns = []
         for name in self.names:
             index: dict[str, int] = {}
@@ -480,8 +491,16 @@ class _Settings:
 
     def enough(self, names: set[str], rows: np.ndarray) -> bool:
         """Whether ``rows`` (a mask) hold ``MIN_SUPPORT`` distinct settings of the parameters not
-        in ``names``, or as many as the study's trials hold."""
-        ids = self.ids(frozenset(names))
+        in ``names``, or as many as the study's trials hold. A derived quantity
+        (:mod:`autotune.derived`) moves with each of its inputs: its failures must come in enough
+        settings of the rest with any one input held as the rule's own (failures of a probe of
+        channels around one configuration are one setting of all but the channels)."""
+        plain = frozenset(n for n in names if n not in DERIVED)
+        inputs = sorted({p for n in names for p in derived_inputs(n) if p in self.names})
+        return all(self._enough(plain | {p}, rows) for p in inputs) if inputs else self._enough(plain, rows)
+
+    def _enough(self, names: frozenset[str], rows: np.ndarray) -> bool:
+        ids = self.ids(names)
         return len(np.unique(ids[rows])) >= min(MIN_SUPPORT, int(ids.max(initial=-1)) + 1)
 
 
@@ -754,8 +773,9 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
     """The crash rules of the finished trials ``views`` (see the module docstring); ``monotone``:
     the search space's declarations (parameter -> {failure kind: "up" | "down"}), and ``bounds``:
     each numeric parameter's range in the space, for each rule's :attr:`~FailureRule.scope`."""
-    monotone, bounds = monotone or {}, bounds or {}
-    rows = finished(views)
+    bounds = bounds or {}
+    monotone = {**{d.name: dict(d.monotone) for d in DERIVED.values()}, **(monotone or {})}
+    rows = [replace(v, params={**v.params, **derived_values(v.params, v.env)}) for v in finished(views)]
     n = len(rows)
     crashed = np.array([_crashed(v) for v in rows], dtype=bool)
     kinds_of = np.array([(v.failure_kind or "?") if c else "" for v, c in zip(rows, crashed)], dtype=object)
@@ -850,7 +870,8 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
                 scope=[] if is_named else  # the engine's words say it fails whatever the rest
                 [*rule_reach(rows, judged & ~earlier, judged, tuple(conds[i] for i in idx), kind,
                              monotone=monotone, bounds=bounds),
-                 *rule_scope(rows, judged, kind, idx_params={conds[i].param for i in idx}, monotone=monotone)],
+                 *rule_scope(rows, judged, kind, idx_params={p for i in idx for p in (conds[i].param, *derived_inputs(conds[i].param))},
+                            monotone=monotone)],
             ))
         if left.any():
             unexplained[kind] = [rows[i].number for i in np.flatnonzero(left)]
@@ -953,7 +974,7 @@ def rule_scope(rows: Sequence[TrialView], judged: np.ndarray, kind: str, *, idx_
     out: list[Condition] = []
     for name, kinds in sorted(monotone.items()):
         direction = kinds.get(kind)
-        if direction not in ("up", "down") or name in idx_params:
+        if direction not in ("up", "down") or name in idx_params or name in DERIVED:
             continue
         tried = [v.params.get(name) for v in rows]
         mine = [x for x, j in zip(tried, judged) if j and is_number(x)]

@@ -291,6 +291,8 @@ def _rules_html(rules: list[Mapping[str, Any]], doc: Mapping[str, Any]) -> str:
                                              r["other_failures"], r["trials"], r["p_value"], r["confounded_with"],
                                              r["as_sure"]]
                                             for r in rules))
+        derived = {k: v for r in rules for k, v in (r.get("derived") or {}).items()}
+        out += "".join(f"<p class=note>{_e(k)}: {_e(v)}.</p>" for k, v in derived.items())
     unexplained = doc["unexplained_failures"]
     if unexplained["count"]:
         kinds = unexplained["kinds"]

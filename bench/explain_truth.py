@@ -37,7 +37,10 @@ the longer ones (``--long-studies``, ``--long-trials``) apart:
   failures there can be no rule, by design), or once with an error that names the setting (Tree:
   NCCL's ``NCCL_ALGO was set to Tree``, a rule from one failure). Oversized channels x buffers
   are shown by a NCCL-buffer failure that the same point with the channels left to NCCL and
-  4 MiB buffers (NCCL's defaults) does not have. The channels x ``mem_fraction_static`` interaction
+  4 MiB buffers (NCCL's defaults) does not have, and stated by a ``nccl-error`` rule on
+  ``NCCL_MIN_NCHANNELS >=``, ``NCCL_BUFFSIZE >=`` or their product ``nccl_buffers_mib >=``
+  (:mod:`autotune.derived`; a rule over it is checked by redrawing the variables it is read
+  from). The channels x ``mem_fraction_static`` interaction
   is shown by a failure that both parameters caused: the same point at the lowest
   ``mem_fraction_static`` searched runs, and with the channel count left to NCCL does not fail
   that way. A rule on channels alone whose scope says it was shown only with a high
@@ -88,6 +91,7 @@ from optuna.trial import TrialState
 from autotune.analysis import MIN_SUPPORT, MONOTONE_ATTR, explain
 from autotune.crash_rules import Condition
 from autotune.demo import DEMO_CONFIG
+from autotune.derived import derived_inputs
 from autotune.driver import make_sampler
 from autotune.failures import names_choice
 from autotune.load_signals import ATTR as SIGNALS_ATTR
@@ -294,8 +298,10 @@ def _draw(d: Design, conds: list[dict[str, Any]], base: dict[str, Any], rng: ran
     conjunction holds (``satisfy``) or does not, as launched (MIN <= MAX repaired)."""
     for _try in range(200):
         point = dict(base)
-        for cond in conds:
-            point[cond["param"]] = _any_value(d, cond["param"], rng)
+        for cond in conds:  # a derived quantity's (autotune.derived): its inputs the space searches
+            for param in derived_inputs(cond["param"]) or (cond["param"],):
+                if param in d.space.parameters:
+                    point[param] = _any_value(d, param, rng)
         applied = d.space.repair(point)
         if all(Condition(**c).holds(applied) for c in conds) == satisfy:
             return applied
@@ -390,10 +396,11 @@ BEHAVIOURS = (
               shown=lambda d, p, k: k == "nccl-error" and cause(d, p) == "tree",
               stated=lambda k, c: k == "nccl-error" and len(c) == 1 and _mentions(c, "NCCL_ALGO", "=", "Tree"),
               named=("NCCL_ALGO", "Tree")),
-    Behaviour("oversized channels x buffers: a `nccl-error` rule on channels >= or NCCL_BUFFSIZE >=",
+    Behaviour("oversized channels x buffers: a `nccl-error` rule on channels >=, NCCL_BUFFSIZE >= or nccl_buffers_mib >=",
               shown=lambda d, p, k: k == "nccl-error" and cause(d, p) == "nccl-buffers" and buffers_oversized(d, p, k),
               stated=lambda k, c: k == "nccl-error" and not _mentions(c, "NCCL_ALGO")
-              and (_mentions(c, "NCCL_MIN_NCHANNELS", ">=") or _mentions(c, "NCCL_BUFFSIZE", ">="))),
+              and (_mentions(c, "NCCL_MIN_NCHANNELS", ">=") or _mentions(c, "NCCL_BUFFSIZE", ">=")
+                   or _mentions(c, "nccl_buffers_mib", ">="))),
     Behaviour("channels x mem_fraction_static (memory): a rule over a channels parameter and mem_fraction_static",
               shown=lambda d, p, k: k in ("nccl-error", "oom") and cause(d, p) in ("nccl-buffers", "graph-low-channels")
               and mfs_matters(d, p) and channels_matter(d, p, k),

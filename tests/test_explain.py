@@ -662,25 +662,29 @@ def test_a_kind_is_not_stated_where_a_rule_on_the_same_parameter_explains_anothe
 
 @pytest.mark.parametrize("failures", [4, 5])
 def test_a_pair_rule_rests_on_five_failures(tmp_path: Path, failures: int) -> None:
-    """Many channels crash only with big buffers. Four clean failures over the two thresholds
-    are not enough to place both (on the explain bench every such pair was imprecise or false):
-    no rule, the four left unexplained; a fifth makes the pair rule."""
+    """Many channels crash only with a high memory fraction (the buffers come out of what the
+    fraction leaves). Four clean failures over the two thresholds are not enough to place both
+    (on the explain bench every such pair was imprecise or false): no rule, the four left
+    unexplained; a fifth makes the pair rule. (The buffer size is fixed: channels x buffers is
+    a quantity of its own, autotune.derived.)"""
     def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
-        if p["NCCL_MIN_NCHANNELS"] >= 12 and p["NCCL_BUFFSIZE"] >= 8 * MIB:
+        if p["NCCL_MIN_NCHANNELS"] >= 12 and p["mem_fraction_static"] >= 0.9:
             return "nccl-error", 0.0
         return None, _throughput(p, rng)
 
-    base = {"NCCL_ALGO": "unset", "NCCL_PROTO": "unset", "NCCL_MAX_NCHANNELS": 64, "mem_fraction_static": 0.8}
-    crash = [(16, 8), (24, 16), (32, 16), (20, 8), (28, 8)][:failures]
-    fine = [(c, b) for c in (12, 16, 20, 24, 32) for b in (1, 2)] + [(c, b) for c in (1, 2, 4, 8) for b in (1, 2, 8, 16)]
-    fixed = [{**base, "NCCL_MIN_NCHANNELS": c, "NCCL_BUFFSIZE": b * MIB} for c, b in [*crash, *fine, *fine]]
+    base = {"NCCL_ALGO": "unset", "NCCL_PROTO": "unset", "NCCL_MAX_NCHANNELS": 64, "NCCL_BUFFSIZE": 4 * MIB}
+    crash = [(16, 0.9), (24, 0.92), (32, 0.95), (20, 0.9), (28, 0.93)][:failures]
+    fine = [(c, m) for c in (12, 16, 20, 24, 32) for m in (0.6, 0.7)] + [(c, m) for c in (1, 2, 4, 8)
+                                                                         for m in (0.6, 0.7, 0.9, 0.95)]
+    fixed = [{**base, "NCCL_MIN_NCHANNELS": c, "mem_fraction_static": m} for c, m in [*crash, *fine, *fine]]
     study, _ = _study(tmp_path, f"pair-{failures}", 0, judge, fixed=fixed)
     doc = explain(study)
     if failures < 5:
         assert _rules(doc) == [] and doc["unexplained_failures"]["kinds"] == {"nccl-error": failures}
     else:
         (rule,) = doc["failure_rules"]
-        assert {c["param"] for c in rule["conditions"]} == {"NCCL_MIN_NCHANNELS", "NCCL_BUFFSIZE"}
+        assert {c["param"] for c in rule["conditions"]} in ({"NCCL_MIN_NCHANNELS", "mem_fraction_static"},
+                                                            {"nccl_buffers_mib", "mem_fraction_static"})
         assert rule["support"] == {"failed": 5, "covered": 5}
 
 
@@ -790,3 +794,52 @@ def test_a_rule_rests_on_failures_in_three_settings_of_the_other_parameters(tmp_
         assert rule["trials"] == failed and rule["kind"] == "nccl-error"
         assert any(c["param"] == "speculative_num_draft_tokens" for c in rule["conditions"])
         assert doc["unexplained_failures"]["at_one_configuration"] == []
+
+
+def test_failures_on_the_product_of_channels_and_buffers_are_one_rule(tmp_path: Path) -> None:
+    """NCCL's buffers are channels x the buffer per connection: failures where that product
+    does not fit (many channels at small buffers, few at large ones) are one threshold over the
+    derived quantity (autotune.derived), which neither parameter alone states; ``--json`` and
+    the text say what it means."""
+    from autotune.derived import nccl_buffers_mib
+
+    rng = random.Random(3)
+    storage = f"sqlite:///{tmp_path}/studies.db"
+    study = optuna.create_study(study_name="buffers", storage=storage, direction="maximize")
+    study.set_user_attr("space_monotone", SPACE.monotone())
+    failed = 0
+    while len(study.trials) < 40:
+        p = SPACE.repair({**_random_params(rng), "NCCL_ALGO": "unset"})
+        too_big = (nccl_buffers_mib(p) or 0.0) >= 120.0
+        failed += too_big
+        study.add_trial(_trial(p, "nccl-error" if too_big else None, None if too_big else _throughput(p, rng),
+                               message="NCCL WARN Failed to CUDA calloc 9699328 bytes" if too_big else None))
+    assert failed >= 6
+    doc = explain(study)
+    (rule,) = [r for r in doc["failure_rules"] if r["kind"] == "nccl-error"]
+    assert [c["param"] for c in rule["conditions"]] == ["nccl_buffers_mib"]
+    assert rule["conditions"][0]["op"] == ">=" and rule["conditions"][0]["value"] >= 120.0  # at a failure
+    assert rule["support"]["failed"] == rule["support"]["covered"] == failed
+    assert "NCCL_MIN_NCHANNELS x" in rule["derived"]["nccl_buffers_mib"]
+    text = autotune("study", "explain", "buffers", "--storage", storage, cwd=tmp_path).stdout
+    assert rule["rule"] in text and "nccl_buffers_mib: NCCL's receive buffers per peer, MiB" in text
+
+
+def test_a_probe_of_channels_at_one_configuration_is_no_derived_rule() -> None:
+    """Failures of one configuration with only the channels moved show what fails there: the
+    derived quantity moves with the channels, and its failures must come in several settings of
+    the rest with any one of its inputs held."""
+    rng = random.Random(5)
+    study = optuna.create_study(direction="maximize")
+    study.set_user_attr("space_monotone", SPACE.monotone())
+    for _ in range(26):
+        p = SPACE.repair({**_random_params(rng), "NCCL_MIN_NCHANNELS": rng.randint(1, 6), "NCCL_MAX_NCHANNELS": 64,
+                          "NCCL_ALGO": "unset"})
+        study.add_trial(_trial(p, None, _throughput(p, rng)))
+    incumbent = SPACE.repair({**_random_params(rng), "NCCL_MAX_NCHANNELS": 64, "NCCL_ALGO": "unset",
+                              "NCCL_BUFFSIZE": 4 * MIB, "NCCL_PROTO": "unset"})
+    for channels in (20, 24, 28, 32):
+        study.add_trial(_trial({**incumbent, "NCCL_MIN_NCHANNELS": channels}, "nccl-error", None))
+    doc = explain(study)
+    assert not [r for r in doc["failure_rules"] if "nccl_buffers_mib" in r["condition"]], _rules(doc)
+    assert doc["unexplained_failures"]["count"] == 4, _rules(doc)

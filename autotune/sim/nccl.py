@@ -20,24 +20,21 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from autotune.derived import DEFAULT_BUFFSIZE, LL128_BUFFER_MIB, LL_BUFFER_MIB, MIB, PROTOCOLS
 from autotune.sim.scenario import Scenario
 
 __all__ = ["NcclConfig", "NcclError", "Nccl", "parse_nccl_env"]
 
-MIB = 1024 * 1024
 LAUNCH_US = 3.0
 BASE_US = {"ring": {"LL": 6.6, "LL128": 14.0, "Simple": 8.4}, "tree": {"LL": 6.8, "LL128": 14.0, "Simple": 8.4}}
 PROTO_EFFICIENCY = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}
 THREAD_THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}  # bytes per thread, x nranks for ring
-LL_BUFFER_MIB = 0.5
-LL128_BUFFER_MIB = 4.7
 NVLS_LATENCY_US = 25.0
 NVLS_MEMORY_MIB = 256.0
-DEFAULT_BUFFSIZE = 4 * MIB
 DEFAULT_NTHREADS = 512
 _ALGOS = {"ring": "Ring", "tree": "Tree", "collnetdirect": "CollnetDirect", "collnetchain": "CollnetChain",
           "nvls": "NVLS", "nvlstree": "NVLSTree", "pat": "PAT"}
-_PROTOS = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}
+_PROTOS = PROTOCOLS
 _LEVELS = {"LOC": 0, "NVL": 1, "PIX": 2, "PXB": 3, "PHB": 4, "SYS": 5}
 ALLREDUCE_ALGOS = frozenset({"Ring", "Tree", "CollnetDirect", "CollnetChain", "NVLS", "NVLSTree"})
 ALLGATHER_ALGOS = frozenset({"Ring", "PAT", "NVLS", "CollnetDirect"})
