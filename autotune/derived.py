@@ -6,14 +6,14 @@ Some failures sit on a boundary that no one parameter draws. NCCL's receive buff
 the server left: 20 channels at 4 MiB fail where 9 at 2 MiB run, and 7 at 16 MiB fail too. A
 threshold on channels alone or on the buffer size alone then takes some failures and leaves the
 others, each too few for a rule. Over the product it is one threshold:
-``nccl_buffers_mib >= 115 -> nccl-error (4 of 4)``.
+``nccl_buffers_mib >= 94 -> nccl-error (4 of 4)``.
 
 :func:`derived_values` adds such quantities to a trial's applied parameters
 (:mod:`autotune.crash_rules` reads them as parameters of their own); :meth:`Condition.holds
 <autotune.crash_rules.Condition.holds>` computes one the parameters lack, so the default sampler
 avoids a region stated over it. A quantity is computed only when the parameters say enough: the
-buffers need ``NCCL_MIN_NCHANNELS`` (the channel count is otherwise the topology's choice,
-unknown here), the other variables take NCCL's defaults when unset. Parameters are read by
+buffers need ``NCCL_MIN_NCHANNELS`` or ``NCCL_MIN_CTAS`` (the channel count is otherwise the
+topology's choice, unknown here), the other variables take NCCL's defaults when unset. Parameters are read by
 NCCL's own names (as the built-in spaces name them), or from the launch's environment.
 """
 
@@ -49,6 +49,12 @@ def _number(value: Any) -> int | None:
         return None
 
 
+def _either(params: Mapping[str, Any], name: str, newer: str) -> Any:
+    """A variable under NCCL's older name, or its newer one (``NCCL_MIN_CTAS``, 2.17+)."""
+    value = params.get(name)
+    return value if value is not None and str(value).strip().lower() not in UNSET else params.get(newer)
+
+
 def enabled_protocols(value: Any) -> frozenset[str] | None:
     """The protocols ``NCCL_PROTO=value`` leaves enabled (``"LL,LL128"``, ``"^LL"``, per-collective
     ``allreduce:simple``); all three when unset; None for a name NCCL does not know."""
@@ -75,12 +81,13 @@ def connection_buffer_mib(protocols: frozenset[str], buffsize: int) -> float:
 
 def nccl_buffers_mib(params: Mapping[str, Any]) -> float | None:
     """NCCL's receive buffers per peer, MiB, at the fewest channels the settings allow:
-    ``NCCL_MIN_NCHANNELS`` (capped by ``NCCL_MAX_NCHANNELS``, as NCCL caps it) x one connection's
-    buffers. None without ``NCCL_MIN_NCHANNELS`` or with a protocol NCCL does not know."""
-    low = _number(params.get("NCCL_MIN_NCHANNELS"))
+    ``NCCL_MIN_NCHANNELS`` (or ``NCCL_MIN_CTAS``; capped by ``NCCL_MAX_NCHANNELS`` or
+    ``NCCL_MAX_CTAS``, as NCCL caps it) x one connection's buffers. None without a floor on the
+    channels or with a protocol NCCL does not know."""
+    low = _number(_either(params, "NCCL_MIN_NCHANNELS", "NCCL_MIN_CTAS"))
     if low is None or low < 1:
         return None
-    high = _number(params.get("NCCL_MAX_NCHANNELS"))
+    high = _number(_either(params, "NCCL_MAX_NCHANNELS", "NCCL_MAX_CTAS"))
     channels = min(low, high) if high is not None and high >= 1 else low
     protocols = enabled_protocols(params.get("NCCL_PROTO"))
     buffsize = _number(params.get("NCCL_BUFFSIZE"))
@@ -106,7 +113,8 @@ DERIVED = {
         Derived("nccl_buffers_mib",
                 "NCCL's receive buffers per peer, MiB: NCCL_MIN_NCHANNELS x (LL 0.5 + LL128 4.7 + NCCL_BUFFSIZE) "
                 "over the protocols NCCL_PROTO enables",
-                ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE", "NCCL_PROTO"),
+                ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_MIN_CTAS", "NCCL_MAX_CTAS", "NCCL_BUFFSIZE",
+                 "NCCL_PROTO"),
                 {"nccl-error": "up", "oom": "up"}, nccl_buffers_mib),
     )
 }

@@ -29,6 +29,7 @@ def test_the_protocols_nccl_proto_enables(text: str | None, protocols: set[str] 
     ({"NCCL_MIN_NCHANNELS": 20, "NCCL_MAX_NCHANNELS": 10}, 92.0),            # NCCL caps the floor
     ({"NCCL_MIN_NCHANNELS": 16, "NCCL_PROTO": "LL"}, 8.0),                    # LL's buffer alone
     ({"NCCL_MIN_NCHANNELS": 16, "NCCL_PROTO": "Simple", "NCCL_BUFFSIZE": "0x80000"}, 8.0),
+    ({"NCCL_MIN_CTAS": 20, "NCCL_MAX_CTAS": 10}, 92.0),                      # the newer names (2.17+)
     ({"NCCL_MIN_NCHANNELS": "unset", "NCCL_BUFFSIZE": 16 * MIB}, None),       # the topology's count
     ({"NCCL_BUFFSIZE": 16 * MIB}, None),
     ({"NCCL_MIN_NCHANNELS": 8, "NCCL_PROTO": "Bogus"}, None),
