@@ -476,3 +476,50 @@ def test_a_probe_that_failed_one_way_is_not_repeated_that_way() -> None:
     assert not refused(moves, dists, "channels", 2, 4)
     assert refused(moves, dists, "algo", "Tree", "unset") and not refused(moves, dists, "algo", "Ring", "unset")
     assert not refused(moves, dists, "mem", 0.9, 0.6)  # never probed: nothing refused
+
+
+BUFFER_DISTS = {"NCCL_MIN_NCHANNELS": IntDistribution(1, 32),
+              "NCCL_BUFFSIZE": CategoricalDistribution([1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20])}
+
+
+def test_a_region_over_the_nccl_buffers_per_peer_is_not_proposed_again() -> None:
+    """NCCL's buffers (channels x each connection's) fail past a product no one parameter draws:
+    the rule is a threshold on the derived quantity (autotune.derived), and the sampler keeps its
+    proposals out of it, channels and buffer size together."""
+    from autotune.derived import nccl_buffers_mib
+
+    def study() -> optuna.Study:
+        s = optuna.create_study(direction="maximize")
+        ran = [(2, 1), (4, 2), (6, 4), (8, 1), (3, 8), (5, 2), (10, 1), (7, 4), (4, 4), (12, 1), (2, 16), (9, 2)]
+        failed = [(20, 4), (8, 16), (28, 2), (14, 8)]
+        for channels, mib in ran + failed:
+            params = {"NCCL_MIN_NCHANNELS": channels, "NCCL_BUFFSIZE": mib << 20}
+            if (channels, mib) in failed:
+                s.add_trial(create_trial(params=params, distributions=BUFFER_DISTS, state=TrialState.PRUNED,
+                                         user_attrs={"outcome": "infeasible", "feasible": False,
+                                                     "failure_kind": "nccl-error", "applied": params}))
+            else:  # more channels, more throughput: TPE leans toward the boundary
+                s.add_trial(create_trial(params=params, distributions=BUFFER_DISTS, value=100.0 * channels,
+                                         user_attrs={"outcome": "ok", "feasible": True, "applied": params}))
+        return s
+
+    def proposals(sampler: optuna.samplers.BaseSampler) -> list[float]:
+        s = study()
+        s.sampler = sampler
+        out = []
+        for _ in range(40):
+            trial = s.ask()
+            params = {"NCCL_MIN_NCHANNELS": trial.suggest_int("NCCL_MIN_NCHANNELS", 1, 32),
+                      "NCCL_BUFFSIZE": trial.suggest_categorical("NCCL_BUFFSIZE", BUFFER_DISTS["NCCL_BUFFSIZE"].choices)}
+            out.append(nccl_buffers_mib(params) or 0.0)
+            s.tell(trial, state=TrialState.FAIL)
+        return out
+
+    crash_aware = CrashAwareTPESampler(seed=1)
+    (rule,) = crash_aware.sure_rules(study())
+    assert [c.param for c in rule] == ["nccl_buffers_mib"] and rule[0].op == ">="
+    threshold = rule[0].value
+    inside = {"NCCL_MIN_NCHANNELS": 24, "NCCL_BUFFSIZE": 8 << 20}  # 24 x 13.2 MiB: a combination no trial tried
+    assert crash_aware._regions_worth(study(), inside) == 0.0  # the region holds it, by its parameters alone
+    assert not any(x >= threshold for x in proposals(crash_aware))
+    assert sum(x >= threshold for x in proposals(CrashAwareTPESampler(seed=1, avoid_crashes=False))) >= 3
