@@ -366,8 +366,9 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         proposal, moved = dict(ref.params), False
         for name in sorted(moving):
             dist, declared = search_space[name], self.monotone[name]
-            above = [t.params[name] for t in line if declared.get(_kind(t)) == "down"]
-            below = [t.params[name] for t in line if declared.get(_kind(t)) == "up"]
+            # among the numbers: a choice such as unset stands apart from the declaration
+            above = [t.params[name] for t in line if declared.get(_kind(t)) == "down" and is_number(t.params[name])]
+            below = [t.params[name] for t in line if declared.get(_kind(t)) == "up" and is_number(t.params[name])]
             if not above and not below:  # no failure of its line is of a kind declared for it
                 continue
             value = self._between(dist, max(above) if above else None, min(below) if below else None)

@@ -179,8 +179,9 @@ class Parameter(BaseModel):
             if self.choices is not None or self.low is not None or self.high is not None:
                 raise ValueError("type bool takes no range or choices")
         if self.monotone and not (self.type in ("int", "float") or (
-                self.type == "categorical" and all(_is_number(c) for c in self.choices or []))):
-            raise ValueError("'monotone' needs a numeric parameter (int, float, or categorical with numbers only)")
+                self.type == "categorical" and sum(_is_number(c) for c in self.choices or []) >= 2)):
+            raise ValueError("'monotone' needs a numeric parameter (int, float, or categorical with numeric choices; "
+                             "it holds among the numbers, a choice such as unset stands apart)")
         if self.raise_when is not None and not (self.type in ("int", "float") or (
                 self.type == "categorical" and sum(_is_number(c) for c in self.choices or []) >= 2)):
             raise ValueError("'raise_when' needs a numeric parameter (int, float, or categorical with numeric choices)")

@@ -48,8 +48,19 @@ def test_each_kind_extrapolates_in_its_own_direction() -> None:
     assert implied_failure({"mem": 0.6, "graphs": 128, "algo": "Ring"}, [short], MONO) is None
 
 
+def test_a_categorical_with_unset_is_monotone_among_its_numbers() -> None:
+    """More draft tokens, more memory: an OOM at 4 implies one at 6, never one at unset (no
+    speculation), nor one at 6 from an OOM at unset."""
+    mono = {"draft": {"oom": "up"}}
+    assert implied_failure({"draft": 6}, [(3, "oom", {"draft": 4})], mono) is not None
+    assert implied_failure({"draft": "unset"}, [(3, "oom", {"draft": 4})], mono) is None
+    assert implied_failure({"draft": 6}, [(3, "oom", {"draft": "unset"})], mono) is None
+    assert SearchSpace.load("sglang_nccl").monotone()["speculative_num_draft_tokens"] == {"oom": "up"}
+
+
 @pytest.mark.parametrize("extra, fragment", [
     ({"type": "categorical", "choices": ["a", "b"], "monotone": {"oom": "up"}}, "needs a numeric parameter"),
+    ({"type": "categorical", "choices": ["unset", 2], "monotone": {"oom": "up"}}, "needs a numeric parameter"),
     ({"type": "int", "low": 1, "high": 8, "monotone": {"out-of-luck": "up"}}, "unknown failure kind 'out-of-luck'"),
     ({"type": "int", "low": 1, "high": 8, "monotone": {"oom": "sideways"}}, "monotone"),
 ])
@@ -83,7 +94,9 @@ def test_the_built_in_declarations_hold_on_the_simulated_hosts(scenario: str) ->
             if kind not in directions:
                 continue
             d = dists[name]
-            values = sorted(d.choices) if hasattr(d, "choices") else [  # type: ignore[attr-defined]
+            if not isinstance(applied[name], (int, float)):
+                continue  # a choice such as unset stands apart from the declaration
+            values = sorted(c for c in d.choices if isinstance(c, (int, float))) if hasattr(d, "choices") else [  # type: ignore[attr-defined]
                 space.parameters[name].normalise(round(d.low + (d.high - d.low) * rng.random(), 2)) for _ in range(4)]
             up = directions[kind] == "up"
             beyond = [v for v in values if (v > applied[name] if up else v < applied[name])][:2]
