@@ -23,14 +23,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-MIB = 1024 * 1024
-LL_BUFFER_MIB = 0.5
-"""The LL protocol's buffer per connection: 8 lines per thread x 512 threads x 8 steps x 16 bytes."""
-LL128_BUFFER_MIB = 4.7
-"""The LL128 protocol's buffer per connection (about 4.7 MiB)."""
-DEFAULT_BUFFSIZE = 4 * MIB
-"""``NCCL_BUFFSIZE``'s default: the Simple protocol's buffer per connection."""
-PROTOCOLS = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}
+from autotune.nccl_env import DEFAULT_BUFFSIZE, PROTOCOLS, connection_buffer_mib, parse_set
+
 UNSET = ("", "unset", "none")
 
 
@@ -58,25 +52,12 @@ def _either(params: Mapping[str, Any], name: str, newer: str) -> Any:
 def enabled_protocols(value: Any) -> frozenset[str] | None:
     """The protocols ``NCCL_PROTO=value`` leaves enabled (``"LL,LL128"``, ``"^LL"``, per-collective
     ``allreduce:simple``); all three when unset; None for a name NCCL does not know."""
+    every = frozenset(PROTOCOLS.values())
     text = "" if value is None else str(value).strip()
     if text.lower() in UNSET:
-        return frozenset(PROTOCOLS.values())
-    exclude = text.startswith("^")
-    chosen: set[str] = set()
-    for token in (t.strip() for t in text.lstrip("^").split(",")):
-        if not token:
-            continue
-        name = PROTOCOLS.get(token.split(":", 1)[-1].lower())
-        if name is None:
-            return None
-        chosen.add(name)
-    return frozenset(PROTOCOLS.values()) - chosen if exclude else frozenset(chosen)
-
-
-def connection_buffer_mib(protocols: frozenset[str], buffsize: int) -> float:
-    """One connection's receive buffers, MiB: each enabled protocol's."""
-    return ((LL_BUFFER_MIB if "LL" in protocols else 0.0) + (LL128_BUFFER_MIB if "LL128" in protocols else 0.0)
-            + (buffsize / MIB if "Simple" in protocols else 0.0))
+        return every
+    chosen, unknown = parse_set(text, PROTOCOLS, every)
+    return None if unknown is not None else chosen
 
 
 def nccl_buffers_mib(params: Mapping[str, Any]) -> float | None:
@@ -145,5 +126,5 @@ def derived_inputs(name: str) -> tuple[str, ...]:
     return d.inputs if d is not None else ()
 
 
-__all__ = ["DEFAULT_BUFFSIZE", "DERIVED", "LL128_BUFFER_MIB", "LL_BUFFER_MIB", "MIB", "PROTOCOLS", "Derived", "connection_buffer_mib", "derived_inputs", "derived_value", "derived_values",
+__all__ = ["DERIVED", "Derived", "derived_inputs", "derived_value", "derived_values",
            "enabled_protocols", "nccl_buffers_mib"]

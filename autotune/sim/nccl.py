@@ -20,7 +20,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from autotune.derived import DEFAULT_BUFFSIZE, LL128_BUFFER_MIB, LL_BUFFER_MIB, MIB, PROTOCOLS
+from autotune.nccl_env import (DEFAULT_BUFFSIZE, LL128_BUFFER_MIB, LL_BUFFER_MIB, MIB, PROTOCOLS,
+                               connection_buffer_mib, parse_set)
 from autotune.sim.scenario import Scenario
 
 __all__ = ["NcclConfig", "NcclError", "Nccl", "parse_nccl_env"]
@@ -34,7 +35,6 @@ NVLS_MEMORY_MIB = 256.0
 DEFAULT_NTHREADS = 512
 _ALGOS = {"ring": "Ring", "tree": "Tree", "collnetdirect": "CollnetDirect", "collnetchain": "CollnetChain",
           "nvls": "NVLS", "nvlstree": "NVLSTree", "pat": "PAT"}
-_PROTOS = PROTOCOLS
 _LEVELS = {"LOC": 0, "NVL": 1, "PIX": 2, "PXB": 3, "PHB": 4, "SYS": 5}
 ALLREDUCE_ALGOS = frozenset({"Ring", "Tree", "CollnetDirect", "CollnetChain", "NVLS", "NVLSTree"})
 ALLGATHER_ALGOS = frozenset({"Ring", "PAT", "NVLS", "CollnetDirect"})
@@ -80,24 +80,6 @@ def _int_env(env: Mapping[str, str], name: str, warnings: list[str]) -> int | No
         return None
 
 
-def _parse_set(raw: str, names: Mapping[str, str], universe: frozenset[str]) -> tuple[frozenset[str], str | None]:
-    text = raw.strip()
-    exclude = text.startswith("^")
-    if exclude:
-        text = text[1:]
-    chosen: set[str] = set()
-    for token in (t.strip() for t in text.split(",")):
-        if not token:
-            continue
-        if ":" in token:  # per-collective syntax (allreduce:tree); applies to all in this model
-            token = token.split(":", 1)[1]
-        name = names.get(token.lower())
-        if name is None:
-            return frozenset(), token
-        chosen.add(name)
-    return (frozenset(universe - chosen) if exclude else frozenset(chosen)), None
-
-
 def parse_nccl_env(env: Mapping[str, str]) -> NcclConfig:
     """Read the NCCL_* variables of ``env``; unknown variables are ignored, bad numbers warned."""
     warnings: list[str] = []
@@ -123,12 +105,12 @@ def parse_nccl_env(env: Mapping[str, str]) -> NcclConfig:
     algos = protos = None
     algo_text = env.get("NCCL_ALGO")
     if algo_text and algo_text.strip():
-        algos, bad = _parse_set(algo_text, _ALGOS, frozenset(_ALGOS.values()))
+        algos, bad = parse_set(algo_text, _ALGOS, frozenset(_ALGOS.values()))
         if bad is not None:
             invalid = f"Invalid NCCL_ALGO: unknown algorithm '{bad}'"
     proto_text = env.get("NCCL_PROTO")
     if proto_text and proto_text.strip():
-        protos, bad = _parse_set(proto_text, _PROTOS, frozenset(_PROTOS.values()))
+        protos, bad = parse_set(proto_text, PROTOCOLS, frozenset(PROTOCOLS.values()))
         if bad is not None and invalid is None:
             invalid = f"Invalid NCCL_PROTO: unknown protocol '{bad}'"
         if not protos and invalid is None:
@@ -293,14 +275,8 @@ class Nccl:
         """
         if self.nranks <= 1:
             return 0.0
-        protos = set(self.config.protos) if self.config.protos is not None else {"LL", "LL128", "Simple"}
-        per_conn = 0.0
-        if "LL" in protos:
-            per_conn += LL_BUFFER_MIB
-        if "LL128" in protos:
-            per_conn += LL128_BUFFER_MIB
-        if "Simple" in protos:
-            per_conn += self.config.buffsize / MIB
+        protos = self.config.protos if self.config.protos is not None else frozenset(PROTOCOLS.values())
+        per_conn = connection_buffer_mib(protos, self.config.buffsize)
         algos = {self.best("allreduce", s)[1] for s in sizes}
         tree = "Tree" in algos or (self.config.algos is not None and "Ring" not in self.config.algos
                                    and "Tree" in self.config.algos)
