@@ -360,13 +360,15 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         ref = _baseline(finished) or finished[0]
         if any(n not in ref.params for n in search_space):
             return None
-        moving = {n for n in search_space if any(k in self.monotone.get(n, {}) for k in _kinds([ref]))}
+        # a value such as unset stands apart from a declaration (no speculation is not "fewer
+        # draft tokens" on its scale): such a parameter is kept as the reference has it
+        moving = {n for n in search_space
+                  if is_number(ref.params[n]) and any(k in self.monotone.get(n, {}) for k in _kinds([ref]))}
         line = [t for t in finished if t.state == TrialState.PRUNED and all(
             t.params.get(n) == ref.params[n] for n in search_space if n not in moving)]
         proposal, moved = dict(ref.params), False
         for name in sorted(moving):
             dist, declared = search_space[name], self.monotone[name]
-            # among the numbers: a choice such as unset stands apart from the declaration
             above = [t.params[name] for t in line if declared.get(_kind(t)) == "down" and is_number(t.params[name])]
             below = [t.params[name] for t in line if declared.get(_kind(t)) == "up" and is_number(t.params[name])]
             if not above and not below:  # no failure of its line is of a kind declared for it

@@ -13,6 +13,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.bench_tuner import Setup
+from autotune.crash_rules import is_number
 from autotune.driver import Driver, finished_trials
 from autotune.errors import ConfigError
 from autotune.implied import SKIPPED, implied_failure
@@ -94,9 +95,9 @@ def test_the_built_in_declarations_hold_on_the_simulated_hosts(scenario: str) ->
             if kind not in directions:
                 continue
             d = dists[name]
-            if not isinstance(applied[name], (int, float)):
+            if not is_number(applied[name]):
                 continue  # a choice such as unset stands apart from the declaration
-            values = sorted(c for c in d.choices if isinstance(c, (int, float))) if hasattr(d, "choices") else [  # type: ignore[attr-defined]
+            values = sorted(c for c in d.choices if is_number(c)) if hasattr(d, "choices") else [  # type: ignore[attr-defined]
                 space.parameters[name].normalise(round(d.low + (d.high - d.low) * rng.random(), 2)) for _ in range(4)]
             up = directions[kind] == "up"
             beyond = [v for v in values if (v > applied[name] if up else v < applied[name])][:2]

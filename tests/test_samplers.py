@@ -240,6 +240,28 @@ def test_while_nothing_has_run_every_second_proposal_backs_off_the_memory_parame
     assert any(not (0.55 < p["mem"] < 0.7) for p in (_relative(study, plain)[1] for _ in range(12)))
 
 
+DRAFT_DISTS = {"draft": CategoricalDistribution(["unset", 2, 4, 8]), "mem": FloatDistribution(0.5, 0.95, step=0.01)}
+
+
+def test_a_back_off_reads_a_categorical_declaration_among_its_numbers() -> None:
+    """Draft tokens declared ``oom: up`` among 2-8; ``unset`` (no speculation) stands apart. A
+    baseline with 4 that ran out of memory backs off to 2 (an OOM with ``unset`` bounds
+    nothing); a baseline without speculation keeps it off and backs off the memory fraction."""
+    def back_offs(baseline: dict, other: dict) -> list[dict]:
+        study = optuna.create_study(direction="maximize")
+        for params, attrs in ((baseline, {"baseline": True}), (other, {})):
+            study.add_trial(create_trial(params=params, distributions=DRAFT_DISTS, state=TrialState.PRUNED,
+                                         user_attrs={"outcome": "infeasible", "feasible": False, "failure_kind": "oom",
+                                                     "applied": params, **attrs}))
+        sampler = CrashAwareTPESampler(seed=5, monotone={"draft": {"oom": "up"}, "mem": {"oom": "up"}})
+        return [p for number, p in (_relative(study, sampler) for _ in range(8)) if number % 2 == 1]
+
+    spec = back_offs({"draft": 4, "mem": 0.85}, {"draft": "unset", "mem": 0.85})
+    assert spec and all(p["draft"] == 2 and p["mem"] < 0.85 for p in spec), spec
+    plain = back_offs({"draft": "unset", "mem": 0.85}, {"draft": 4, "mem": 0.7})
+    assert plain and all(p["draft"] == "unset" and p["mem"] < 0.85 for p in plain), plain
+
+
 def test_once_a_trial_has_run_there_are_no_back_offs() -> None:
     study = optuna.create_study(direction="maximize")
     _failed(study, {"algo": "unset", "mem": 0.85, "slots": 128}, "oom", baseline=True)
