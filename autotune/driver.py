@@ -545,7 +545,9 @@ class Driver:
                 trial.set_user_attr("host", info.get("host", "local"))
                 return
             if phase == "started":
-                trial.set_user_attr("node", json.loads(detail).get("ip"))
+                info = json.loads(detail)
+                trial.set_user_attr("node", info.get("ip"))
+                trial.set_user_attr("niceness", info.get("niceness"))
                 return
             if phase != last["phase"]:
                 last["phase"] = phase

@@ -54,7 +54,8 @@ VENV = "autotune-venv"  # the yaml's venv, under the remote home
 STUB_RAY = """#!{python}
 import json, os, sys
 with open(os.environ["STUB_LOG"], "a") as f:
-    f.write(json.dumps({{"argv": sys.argv[1:], "auth_mode": os.environ.get("RAY_AUTH_MODE")}}) + "\\n")
+    f.write(json.dumps({{"argv": sys.argv[1:], "auth_mode": os.environ.get("RAY_AUTH_MODE"),
+                        "worker_niceness": os.environ.get("RAY_worker_niceness")}}) + "\\n")
 """
 
 
@@ -162,6 +163,8 @@ def test_worker_start_commands_as_ray_runs_them(worker_calls: list[dict[str, Any
     assert [c["argv"][0] for c in worker_calls] == ["stop", "start"]
     start = worker_calls[1]
     assert start["auth_mode"] == "token"
+    # The trials' servers run at normal CPU priority, not at Ray's worker niceness 15.
+    assert start["worker_niceness"] == "0"
     assert f"--address={HEAD_IP}:6379" in start["argv"]
     resources = resources_of(start["argv"])
     slots = {k: v for k, v in resources.items() if k.startswith(SLOT_PREFIX)}
@@ -176,7 +179,7 @@ def test_head_advertises_no_slot_and_uses_the_token(config: dict[str, Any], tmp_
     assert [c["argv"][0] for c in calls] == ["stop", "start"]
     start = calls[1]
     assert "--head" in start["argv"] and "--port=6379" in start["argv"]
-    assert start["auth_mode"] == "token"
+    assert start["auth_mode"] == "token" and start["worker_niceness"] == "0"
     assert not any(k.startswith(SLOT_PREFIX) for k in resources_of(start["argv"]))
 
 

@@ -63,6 +63,7 @@ def test_a_study_runs_one_trial_per_slot_at_once(cluster: LocalRayCluster, tmp_p
     assert len(done) == 6, [(t.number, t.state, t.user_attrs.get("failure_message")) for t in study.trials]
     slots = {t.user_attrs["slot"] for t in study.trials}
     assert slots == {"a", "b", "c"}, slots
+    assert {t.user_attrs["niceness"] for t in study.trials} == {0}  # not Ray's worker niceness
     overlapping = _side_by_side(study.trials)
     assert overlapping  # the slots ran trials at the same time, not one after another
     # Trials that ran side by side were asked for different points.

@@ -48,7 +48,7 @@ class LocalRayCluster:
         self.temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # Ray's socket paths must stay short
         self.tag = f"ray-cluster-{uuid.uuid4().hex}"
         self.env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_DEDUP_LOGS": "0", "RAY_USAGE_STATS_ENABLED": "0",
-                    TAG_ENV: self.tag}
+                    "RAY_worker_niceness": "0", TAG_ENV: self.tag}
 
     def _start(self, name: str, head: bool) -> None:
         resources = '{"autotune_slot:%s": 1}' % name
