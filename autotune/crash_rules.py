@@ -37,7 +37,14 @@ cover:
    0.93 fails both ways, the OOMs that ``mem_fraction_static >= 0.9 -> oom`` explains are the
    fraction's doing too, and say that the kind there is not the fraction's to choose (on the
    GLM-5 host, ``mem_fraction_static >= 0.93 -> nccl-error``, which the model gives 34 % with
-   57 % OOMs, was taken that way). Two passes: the second knows what the first explained.
+   57 % OOMs, was taken that way). And a failure of another kind at the same stage *past*
+   every failure of K that a threshold covers, on the threshold's own parameter, counts in full
+   against it: along that parameter the kind has changed, where the threshold says it holds all
+   the way (on the GLM-5 host NCCL errors at a memory fraction of 0.93 and OOMs at 0.94, where
+   there is no room left for the request tables, ``mem_fraction_static >= 0.93 ->
+   nccl-error (6 of 9)``, 0.38 by the model, was taken at 100 trials with the OOMs at half, and
+   at 200 as a pair with ``NCCL_MIN_NCHANNELS >= 9``, 7 of 8 and 0.45: a pair with such a row
+   is not clean, step 5). Two passes: the second knows what the first explained.
 2. **A candidate** explains at least ``min_support`` failures of K with precision (failures over
    failures plus what counts against) at least ``min_precision``, and is unlikely by chance
    among the informative trials: the hypergeometric chance of that many K failures among that
@@ -515,11 +522,15 @@ class _Cover:
     def __init__(self, kind_fail: np.ndarray, weight: np.ndarray, conds: list[Condition], masks: np.ndarray,
                  params_of: np.ndarray, bounds: dict[bytes, float], dense: np.ndarray, settings: _Settings,
                  exposed: np.ndarray | None = None, taken: np.ndarray | None = None,
-                 thin_ok: np.ndarray | None = None) -> None:
+                 thin_ok: np.ndarray | None = None, beyond: np.ndarray | None = None) -> None:
         self.kind_fail, self.weight, self.conds, self.masks, self.params_of = kind_fail, weight, conds, masks, params_of
         self.dense = dense
         self.settings = settings
         """The rows' settings of the other parameters (:class:`_Settings`)."""
+        self.beyond = beyond
+        """Per threshold condition, the rows it covers that failed with another kind at the same
+        stage past every failure of the kind it covers, on its own parameter: they count 1
+        against it (the module docstring, step 1); None: no such row."""
         self.exposed = exposed
         """Per condition, the rows it covers whose failure (of another kind) a rule on the
         condition's own parameter explains: they count ``OTHER_WEIGHT`` against it, not
@@ -552,6 +563,11 @@ class _Cover:
             out = list((ma @ cols.T).T.astype(np.float64))
             if self.exposed is not None:
                 out[1] = out[1] + (self.exposed[rows_a] @ unexcuse).astype(np.float64)
+            if self.beyond is not None:  # up to 1 (a row also exposed was raised by unexcuse already)
+                rest = (self.against & act).astype(np.float32) * (1.0 - self.weight).astype(np.float32)
+                out[1] = out[1] + (self.beyond[rows_a] @ rest).astype(np.float64)
+                if self.exposed is not None:
+                    out[1] = out[1] - ((self.beyond[rows_a] * self.exposed[rows_a]) @ unexcuse).astype(np.float64)
             return tuple(out)
         mb = self.dense[rows_b]
         out = [((ma * c) @ mb.T).astype(np.float64) for c in cols]
@@ -670,6 +686,10 @@ class _Cover:
         fail2, agn2, nag2, cov2 = self.stats(cand, cand)
         params = self.params_of[cand]
         allowed = np.triu(np.ones((n, n), dtype=bool), k=1) & (params[:, None] != params[None, :]) & (nag2 == 0)
+        if self.beyond is not None:  # not clean either: a failure of another kind past either one's failures
+            r = (self.against & self.active).astype(np.float32)
+            ba, ma = self.beyond[cand] * r, self.dense[cand]
+            allowed &= (ba @ ma.T + ma @ ba.T) == 0
         fail2 = np.where(allowed & (fail2 >= MIN_PAIR_SUPPORT) & (_wilson_low(fail2, fail2 + agn2) > best_single),
                          fail2, 0.0)
 
@@ -818,6 +838,32 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
         way = {"up": ">=", "down": "<="}
         return np.array([c.op == way.get(monotone.get(c.param, {}).get(kind, ""), "") for c in conds], dtype=bool)
 
+    def beyond(kind: str) -> np.ndarray | None:
+        """Per threshold condition, its rows that failed with another kind at the same stage at a
+        value of its parameter past every failure of ``kind`` it covers (step 1); None: none."""
+        other = crashed & (kinds_of != kind) & (stage_of == stage(kind))
+        if not other.any():
+            return None
+        own = kinds_of == kind
+        out = np.zeros((len(conds), n), dtype=np.float32)
+        cache: dict[str, np.ndarray] = {}
+        for j, c in enumerate(conds):
+            if c.op == "=":
+                continue
+            vals = cache.get(c.param)
+            if vals is None:
+                vals = cache[c.param] = np.array([float(r.params[c.param]) if is_number(r.params.get(c.param)) else np.nan
+                                                  for r in rows])
+            mine = masks[j] & own
+            if not mine.any():
+                continue
+            edge = np.nanmax(vals[mine]) if c.op == ">=" else np.nanmin(vals[mine])
+            past = vals > edge if c.op == ">=" else vals < edge
+            out[j] = masks[j] & other & past
+        return out
+
+    beyond_of = {kind: beyond(kind) for kind in kinds}
+
     def run(explained: np.ndarray, by_param: dict[str, np.ndarray]) -> Found:
         found: Found = {}
         for kind in kinds:
@@ -826,7 +872,8 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
                 taken |= masks[i]
             found[kind] = [*(((i,), masks[i], [], []) for i in named.get(kind, [])),
                            *_Cover(kinds_of == kind, weights(kind, explained), conds, masks, params_of, family_bounds,
-                                   dense, settings, exposed(kind, by_param), taken, thin_ok(kind)).run()]
+                                   dense, settings, exposed(kind, by_param), taken, thin_ok(kind),
+                                   beyond_of[kind]).run()]
         return found
 
     def explained_by(found: Found) -> tuple[np.ndarray, dict[str, np.ndarray]]:

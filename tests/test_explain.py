@@ -660,6 +660,27 @@ def test_a_kind_is_not_stated_where_a_rule_on_the_same_parameter_explains_anothe
     assert doc["unexplained_failures"]["kinds"] == {"nccl-error": 3}
 
 
+def test_a_threshold_past_whose_failures_the_kind_changes_is_no_rule(tmp_path: Path) -> None:
+    """GLM-5's ``sglang_nccl`` studies at 100 and 200 trials: NCCL errors at a memory fraction of
+    0.93 (the buffers do not fit), OOMs at 0.94 (the request tables do not). ``mem_fraction_static
+    >= 0.93 -> nccl-error`` would be 6 of 9, the three OOMs at half as "may have come first"
+    (precision 0.8, just enough); but they lie past every NCCL error on the rule's own parameter:
+    there the kind has changed, and they count in full (6 of 9 at 0.67: no rule)."""
+    def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
+        m = p["mem_fraction_static"]
+        return ("oom", 0.0) if m >= 0.94 else ("nccl-error", 0.0) if m >= 0.93 else (None, _throughput(p, rng))
+
+    base = {"NCCL_ALGO": "unset", "NCCL_MAX_NCHANNELS": 32}
+    settings = [{"NCCL_PROTO": p, "NCCL_MIN_NCHANNELS": c} for p in ("unset", "LL128") for c in (2, 4, 8)]
+    nccl = [{**base, **s, "mem_fraction_static": 0.93} for s in settings]
+    oom = [{**base, **s, "mem_fraction_static": 0.94} for s in settings[:3]]
+    fine = [{**base, **s, "mem_fraction_static": m} for m in (0.6, 0.7, 0.8, 0.85, 0.9, 0.92) for s in settings] * 2
+    study, _ = _study(tmp_path, "kind-changes", 0, judge, fixed=[*nccl, *oom, *fine])
+    doc = explain(study)
+    assert not [r for r in _rules(doc) if "nccl-error" in r], _rules(doc)
+    assert doc["unexplained_failures"]["kinds"].get("nccl-error") == 6
+
+
 @pytest.mark.parametrize("failures", [4, 5])
 def test_a_pair_rule_rests_on_five_failures(tmp_path: Path, failures: int) -> None:
     """Many channels crash only with a high memory fraction (the buffers come out of what the
