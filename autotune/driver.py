@@ -102,6 +102,7 @@ class Reporter(Protocol):
     def trial_finished(self, result: TrialResult, value: float | None, best: float | None) -> None: ...
     def trial_skipped(self, number: int, params: dict[str, Any], reason: str) -> None: ...
     def slot_quarantined(self, slot: str, reason: str) -> None: ...
+    def note(self, text: str) -> None: ...
     def study_finished(self, study: optuna.Study, reason: str) -> None: ...
 
 
@@ -245,6 +246,8 @@ class Driver:
         self.stop = stop or StopRequest()
         self.lease: StudyLease | None = None
         self.pool = SlotPool(executor.slots(), quarantine_after=config.quarantine_after)
+        self._niced: set[tuple[str, int]] = set()
+        """(host, niceness) pairs already told to the reporter."""
 
     # -- setup ------------------------------------------------------------------------------
     def open_study(self) -> optuna.Study:
@@ -543,11 +546,11 @@ class Driver:
                 trial.set_user_attr("server_tag", info.get("tag"))
                 trial.set_user_attr("argv", info.get("argv"))
                 trial.set_user_attr("host", info.get("host", "local"))
+                trial.set_user_attr("niceness", info.get("niceness"))
+                self._note_niceness(trial.number, info.get("niceness"), info.get("host", "local"))
                 return
             if phase == "started":
-                info = json.loads(detail)
-                trial.set_user_attr("node", info.get("ip"))
-                trial.set_user_attr("niceness", info.get("niceness"))
+                trial.set_user_attr("node", json.loads(detail).get("ip"))
                 return
             if phase != last["phase"]:
                 last["phase"] = phase
@@ -557,6 +560,16 @@ class Driver:
 
         self.executor.submit(spec, slot, on_phase)
         return _InFlight(trial, slot, launch.applied)
+
+    def _note_niceness(self, number: int, niceness: Any, host: str) -> None:
+        """Say once per host and niceness when a server runs above niceness 0: on a busy host it
+        gets less CPU than it will serve with, and measures that (docs/distributed.md)."""
+        if not isinstance(niceness, int) or niceness <= 0 or (host, niceness) in self._niced:
+            return
+        self._niced.add((host, niceness))
+        self.reporter.note(f"trial {number}: the server runs at CPU niceness {niceness} on {host}: where anything "
+                           "else is busy it gets less CPU than it will serve with, and measures that. Run autotune "
+                           "at niceness 0; on Ray, start its nodes with RAY_worker_niceness=0 (docs/distributed.md)")
 
     def _ask(self, study: optuna.Study) -> tuple[optuna.Trial, dict[str, Any], Any]:
         """The next trial to launch, its raw parameters and its launch. A proposal that an

@@ -70,6 +70,11 @@ class ServerProcess(abc.ABC):
     def poll(self) -> int | None:
         """The exit code if the server has exited, else None."""
 
+    def niceness(self) -> int | None:
+        """The CPU niceness the server runs at, where the host can tell (None: it cannot, or the
+        server is gone). A server above 0 gets less of a busy host's CPU than it will serve with."""
+        return None
+
     @abc.abstractmethod
     def stop(self, grace_s: float = 10.0, hurry: Callable[[], bool] | None = None) -> None:
         """Stop the server and everything it started; returns when all of it is gone.
@@ -158,6 +163,12 @@ class _LocalProcess(ServerProcess):
 
     def poll(self) -> int | None:
         return self._popen.poll()
+
+    def niceness(self) -> int | None:
+        try:
+            return os.getpriority(os.PRIO_PROCESS, self._popen.pid)
+        except OSError:
+            return None
 
     def _alive(self) -> bool:
         self._popen.poll()  # reap the leader so that a dead group reads as gone

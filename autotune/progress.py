@@ -108,6 +108,10 @@ class ConsoleReporter:
     def slot_quarantined(self, slot: str, reason: str) -> None:
         self.console.print(Text.assemble(("slot quarantined", "red"), f": {slot}: {reason}"))
 
+    def note(self, text: str) -> None:
+        """A warning about the measurements themselves, printed once where it arises."""
+        self.console.print(Text.assemble(("note", "yellow"), f": {text}"))
+
     def study_finished(self, study: optuna.Study, reason: str) -> None:
         if self.live is not None:
             self.live.stop()

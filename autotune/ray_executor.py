@@ -111,7 +111,8 @@ def _normal_priority() -> int:
     ``RAY_worker_niceness=0``: a server started from one gets about a 28th of a normal process's
     CPU share wherever anything else is busy, and measures that instead of what it will serve
     at. Lowering a niceness needs privilege (root, ``CAP_SYS_NICE`` or ``RLIMIT_NICE``); without
-    it the niceness stays, and is recorded with the trial (user attr ``niceness``)."""
+    it the niceness stays: the server's is recorded with the trial (user attr ``niceness``) and
+    the driver says so."""
     try:
         if os.getpriority(os.PRIO_PROCESS, 0) > 0:
             os.setpriority(os.PRIO_PROCESS, 0, 0)
@@ -124,8 +125,8 @@ def run_trial(cfg: StudyConfig, objective: Objective, public: tuple[str, ...], s
               channel: Any, child_umask: int | None) -> tuple[TrialResult, dict[str, bytes]]:
     """The body of a trial's Ray task, on its slot's node: run it, return the result and logs."""
     channel.put.remote(spec.number, "started", json.dumps({"node": ray.get_runtime_context().get_node_id(),
-                                                           "ip": ray.util.get_node_ip_address(),
-                                                           "niceness": _normal_priority()}))
+                                                           "ip": ray.util.get_node_ip_address()}))
+    _normal_priority()
     stop = StopRequest()
     done = threading.Event()
     threading.Thread(target=_follow_stop, args=(channel, stop, done), daemon=True).start()

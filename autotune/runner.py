@@ -41,8 +41,9 @@ Outcome = Literal["ok", "stopped", "infeasible", "fault"]
 infeasible: the configuration failed; fault: the infrastructure failed."""
 PhaseCallback = Callable[[str, str], None]
 """Called as ``on_phase(phase, detail)`` with phase launching | launched | warming | measuring |
-teardown; for ``launched`` the detail is JSON ``{"pgid", "tag", "argv", "port", "host"}`` so the driver
-can record the server before anything else happens (and kill it on resume if the driver died)."""
+teardown; for ``launched`` the detail is JSON ``{"pgid", "tag", "argv", "port", "host", "niceness"}`` so the
+driver can record the server before anything else happens (and kill it on resume if the driver
+died); ``niceness`` is the server's CPU niceness where the host can tell, else null."""
 
 DISK_FULL_TEXT = "No space left on device"
 
@@ -281,7 +282,7 @@ class TrialRunner:
             proc = self.host.launch(argv, env, log_path, port=port)
             result.server_tag = proc.tag
             phase_cb("launched", json.dumps({"pgid": proc.pgid, "tag": proc.tag, "argv": shown, "port": port,
-                                             "host": self.host.name}))
+                                             "host": self.host.name, "niceness": proc.niceness()}))
             failure = self._wait_ready(proc, watcher, port, phase_cb, spec)
             if failure is not None:
                 result.outcome = "fault" if failure.kind in FAULT_KINDS else "infeasible"
