@@ -338,6 +338,11 @@ def is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
 
 
+def _numbers(rows: Sequence[TrialView], name: str) -> np.ndarray:
+    """Each row's value of ``name`` as a float; NaN where it is missing or not a number."""
+    return np.array([float(x) if is_number(x := v.params.get(name)) else np.nan for v in rows])
+
+
 def show_value(x: Any) -> str:
     """A parameter value as a rule or a message names it (floats short, large ones exact)."""
     if isinstance(x, float):
@@ -375,8 +380,8 @@ def candidate_conditions(rows: Sequence[TrialView]) -> tuple[list[Condition], np
         distinct = sorted(set(map(repr, present)))
         if len(distinct) < 2:
             continue
+        arr = _numbers(rows, name)
         if all(is_number(x) for x in present):
-            arr = np.array([float(x) if x is not None else np.nan for x in values])
             uniq = sorted(set(present))
             for x in uniq[1:]:
                 conds.append(Condition(name, ">=", x))
@@ -394,7 +399,6 @@ def candidate_conditions(rows: Sequence[TrialView]) -> tuple[list[Condition], np
                 masks.append(np.array([c.holds(v.params) for v in rows]))
             # choices such as [unset, 2, 3, 4]: ``P >= 2`` says "set, to at least 2"
             numbers = sorted({x for x in present if is_number(x)})
-            arr = np.array([float(x) if x is not None and is_number(x) else np.nan for x in values])
             for x in numbers[1:]:
                 conds.append(Condition(name, ">=", x))
                 masks.append(arr >= float(x))
@@ -840,27 +844,25 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
 
     def beyond(kind: str) -> np.ndarray | None:
         """Per threshold condition, its rows that failed with another kind at the same stage at a
-        value of its parameter past every failure of ``kind`` it covers (step 1); None: none."""
+        value of its parameter past every failure of ``kind`` it covers (step 1); None: none.
+
+        A threshold that covers any failure of ``kind`` covers the most extreme one on its side,
+        so "past every failure it covers" is past the parameter's highest (``>=``) or lowest
+        (``<=``) failure of ``kind``: one comparison per parameter, not per condition."""
         other = crashed & (kinds_of != kind) & (stage_of == stage(kind))
         if not other.any():
             return None
         own = kinds_of == kind
-        out = np.zeros((len(conds), n), dtype=np.float32)
-        cache: dict[str, np.ndarray] = {}
-        for j, c in enumerate(conds):
-            if c.op == "=":
-                continue
-            vals = cache.get(c.param)
-            if vals is None:
-                vals = cache[c.param] = np.array([float(r.params[c.param]) if is_number(r.params.get(c.param)) else np.nan
-                                                  for r in rows])
-            mine = masks[j] & own
-            if not mine.any():
-                continue
-            edge = np.nanmax(vals[mine]) if c.op == ">=" else np.nanmin(vals[mine])
-            past = vals > edge if c.op == ">=" else vals < edge
-            out[j] = masks[j] & other & past
-        return out
+        past: dict[tuple[str, str], np.ndarray] = {}
+        for name in {c.param for c in conds if c.op != "="}:
+            vals = _numbers(rows, name)
+            failed = vals[own & ~np.isnan(vals)]
+            if failed.size:
+                past[(name, ">=")] = other & (vals > failed.max())
+                past[(name, "<=")] = other & (vals < failed.min())
+        zero = np.zeros(n, dtype=bool)
+        rows_past = np.stack([past.get((c.param, c.op), zero) for c in conds])
+        return (masks & rows_past & (masks & own).any(axis=1)[:, None]).astype(np.float32)
 
     beyond_of = {kind: beyond(kind) for kind in kinds}
 

@@ -103,9 +103,9 @@ def _read_logs(log_dir: Path, number: int) -> dict[str, bytes]:
     return out
 
 
-def _normal_priority() -> int:
+def _normal_priority() -> None:
     """Put this worker (and so the server and load it starts) back at CPU niceness 0, as far as
-    the OS lets it; returns the niceness it runs at.
+    the OS lets it.
 
     Ray runs its workers at niceness 15 (``worker_niceness``) unless a node is started with
     ``RAY_worker_niceness=0``: a server started from one gets about a 28th of a normal process's
@@ -118,7 +118,6 @@ def _normal_priority() -> int:
             os.setpriority(os.PRIO_PROCESS, 0, 0)
     except OSError:
         pass
-    return os.getpriority(os.PRIO_PROCESS, 0)
 
 
 def run_trial(cfg: StudyConfig, objective: Objective, public: tuple[str, ...], slot: Slot, spec: TrialSpec,
