@@ -568,8 +568,9 @@ class Driver:
             return
         self._niced.add((host, niceness))
         self.reporter.note(f"trial {number}: the server runs at CPU niceness {niceness} on {host}: where anything "
-                           "else is busy it gets less CPU than it will serve with, and measures that. Run autotune "
-                           "at niceness 0; on Ray, start its nodes with RAY_worker_niceness=0 (docs/distributed.md)")
+                           "else is busy it gets less CPU than it will serve with, and measures that. A server inherits "
+                           "the niceness of what starts it: run autotune, an SSH host's login shell and Ray's nodes "
+                           "(RAY_worker_niceness=0) at niceness 0 (docs/distributed.md)")
 
     def _ask(self, study: optuna.Study) -> tuple[optuna.Trial, dict[str, Any], Any]:
         """The next trial to launch, its raw parameters and its launch. A proposal that an

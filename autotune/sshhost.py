@@ -18,7 +18,8 @@ again when it dropped (between trials that is invisible; during a trial it is a 
   ``setsid nohup env K=V ... AUTOTUNE_TRIAL_TAG=TAG sh -c '"$@"; echo $? > EXIT' ... > LOG 2>&1
   < /dev/null &``: its own session and process group (the printed PID is the group id), the tag
   in its environment and its children's, its log in ``WORKDIR/.autotune/TAG.log``, its exit
-  status in ``TAG.exit``.
+  status in ``TAG.exit``. The shell's niceness then (``nice``), which the server inherits, is
+  :meth:`ServerProcess.niceness`.
 - **Log.** A thread runs ``tail -c +1 --pid=PGID -F LOG`` over a channel of the same connection
   and appends what arrives to the local ``log_path`` that the runner tails; the tail ends with the
   server, then prints the exit status on its stderr. After a dropped connection the rest of the
@@ -413,6 +414,8 @@ class SSHHost(Host):
             f"setsid nohup env {assignments} sh -c '\"$@\"; echo $? > \"$0\"' {LOG_DIR}/{tag}.exit {words} "
             f"> {LOG_DIR}/{tag}.log 2>&1 < /dev/null &",
             'echo "autotune-pgid $!"',
+            # what the server inherited: the login shell's niceness after the setup line
+            'echo "autotune-nice $(nice 2>/dev/null)"',
         ]
         result = self.run("\n".join(lines), shell='"${SHELL:-/bin/sh}"')
         where = f"{cwd or self.options.workdir} on {self.name}"
@@ -429,12 +432,14 @@ class SSHHost(Host):
             raise HostFault("launch-failed", f"launch on {self.name} failed (exit {result.exited}): "
                                              f"{' '.join(result.stderr.split())[-300:]}")
         pgid = int(m.group(1))
+        nice = re.search(r"^autotune-nice (-?\d+)$", result.stdout, re.M)
         gpu_before = _gpu_memory(result.stdout)
         conn = self.connection()
         assert conn.transport is not None
         stream = _LogStream(conn.transport, self._stream_command(tag, pgid, folder), log_path)
         stream.start()
-        return _SSHProcess(self, conn.transport, stream, log_path, tag, pgid, folder, port, gpu_before)
+        return _SSHProcess(self, conn.transport, stream, log_path, tag, pgid, folder, port, gpu_before,
+                           int(nice.group(1)) if nice else None)
 
     def _stream_command(self, tag: str, pgid: int, folder: str) -> str:
         log, status = f"{LOG_DIR}/{tag}.log", f"{LOG_DIR}/{tag}.exit"
@@ -537,7 +542,8 @@ echo "alive $n"
 
 class _SSHProcess(ServerProcess):
     def __init__(self, host: SSHHost, transport: paramiko.Transport, stream: _LogStream, log_path: Path, tag: str,
-                 pgid: int, folder: str, port: int | None, gpu_before: list[int] | None) -> None:
+                 pgid: int, folder: str, port: int | None, gpu_before: list[int] | None,
+                 niceness: int | None = None) -> None:
         self._host = host
         self._transport = transport
         self._stream = stream
@@ -547,6 +553,7 @@ class _SSHProcess(ServerProcess):
         self._folder = folder
         self._port = port
         self._gpu_before = gpu_before
+        self._niceness = niceness
         self._code: int | None = None
         self._stopped = False
 
@@ -571,6 +578,11 @@ class _SSHProcess(ServerProcess):
         if not self._transport.is_active():
             raise HostFault("connection-lost", f"lost the connection to {self._host.name} while the server ran")
         return None
+
+    def niceness(self) -> int | None:
+        """The niceness the server started at: the remote shell's after the setup line, which the
+        server inherits (read with ``nice`` at launch; None where the host's ``nice`` printed none)."""
+        return self._niceness
 
     def stop(self, grace_s: float = 10.0, hurry: Callable[[], bool] | None = None) -> None:
         if self._stopped:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -488,6 +489,28 @@ def test_an_exited_server_s_status_and_a_killed_driver_s_server(host: SSHHost, t
     assert not other.kill_tagged(left.tag)
     other.close()
     left.stop()
+
+
+def test_the_server_s_niceness_is_read_at_launch(sshd: Sshd, tmp_path: Path, launched: list[str]) -> None:
+    """The server inherits the remote shell's niceness after the setup line (here raised by it):
+    the host reports what the server itself reads."""
+    h = SSHHost(sshd.url, SSHOptions(**ssh_section(sshd, tmp_path, setup=f"{SETUP}; renice -n 7 -p $$ >/dev/null")))
+    log = tmp_path / "n.log"
+    proc = h.launch([PYTHON, "-c", "import os, time; print('nice', os.nice(0), flush=True); time.sleep(60)"], {}, log)
+    launched.append(proc.tag)
+    line = wait_for("the server's niceness", lambda: re.search(r"^nice (-?\d+)$", log.read_text(), re.M), timeout=30)
+    assert proc.niceness() == int(line.group(1)) and proc.niceness() > os.getpriority(os.PRIO_PROCESS, 0)
+    proc.stop(grace_s=0.5)
+    h.close()
+
+
+def test_a_niced_remote_server_is_recorded_and_said(sshd: Sshd, tmp_path: Path) -> None:
+    cfg = write_study(tmp_path, "nicessh", sshd, ssh=ssh_section(sshd, tmp_path, setup=f"{SETUP}; renice -n 7 -p $$ >/dev/null"))
+    out = autotune("study", "start", str(cfg), cwd=tmp_path)
+    (trial,) = load(tmp_path, "nicessh").trials
+    niceness = trial.user_attrs["niceness"]
+    assert isinstance(niceness, int) and niceness > 0, trial.user_attrs
+    assert f"the server runs at CPU niceness {niceness} on {sshd.url}" in " ".join(out.stderr.split()), out.stderr
 
 
 @pytest.mark.parametrize(("change", "kind", "text"), [
