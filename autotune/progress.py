@@ -180,19 +180,31 @@ def shorten(text: str, limit: int) -> str:
 
 
 def top_table(views: list[TrialView], metric: str, maximize: bool = True, top: int = TOP_TRIALS) -> Table:
-    """The baseline and the ``top`` best configurations, each by its figure (as ``study best``
-    ranks them: a configuration measured again is the mean of its runs after the first, and shows
-    every trial that measured it), with what it changed from the baseline: a table for an
-    80-column terminal (``study show`` has every trial)."""
+    """The baseline and the ``top`` best configurations, each by its figure (a configuration
+    measured again is the mean of its runs after the first, and shows every trial that measured
+    it), with what it changed from the baseline: a table for an 80-column terminal (``study show``
+    has every trial). The first row, in green, is the best as ``study best`` chooses it
+    (:func:`~autotune.study_view.best_of`), the rest by their figures: a configuration measured
+    once may read above a confirmed best by less than the noise, and then stands below it."""
     configs = sorted(measured_configs(views), key=lambda m: m.mean, reverse=maximize)
+    chosen = best_of(views, maximize)
+    first = next((m for m in configs if chosen is not None and chosen.measured is not None
+                  and m.trials == chosen.measured.trials), None)
+    if first is not None:
+        configs = [first, *(m for m in configs if m is not first)]
     base = next((v for v in views if v.baseline), None)
     rows = configs[:top]
     if base is not None and base.value is not None and not any(base.number in m.trials for m in rows):
         rows += [m for m in configs if base.number in m.trials]
     base_value = next((m.mean for m in configs if base is not None and base.number in m.trials), None)
-    again = any(m.first_excluded for m in rows)
+    notes = []
+    if any(m.first_excluded for m in rows):
+        notes.append("measured again: the mean of the runs after the first")
+    sign = 1.0 if maximize else -1.0
+    if rows and any(sign * (m.mean - rows[0].mean) > 0 for m in rows[1:]):
+        notes.append("first: the best (study best); a single run above it is within the noise")
     table = Table(title=Text(f"best configurations ({metric})"), expand=False,
-                  caption=Text("measured again: the mean of the runs after the first") if again else None)
+                  caption=Text("\n".join(notes)) if notes else None)
     table.add_column("#", no_wrap=True)
     table.add_column("value", justify="right", no_wrap=True)
     table.add_column("vs base", justify="right", no_wrap=True)

@@ -5,6 +5,7 @@ at 80x24 too: see docs/usage.md)."""
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import optuna
@@ -51,6 +52,24 @@ def test_the_summary_fits_80_columns_and_shows_the_top_trials(tmp_path: Path) ->
     assert "NCCL_ALGO=Tree" in text  # the crash rule
     assert "20 ok, 10 infeasible" in text and "nccl-error 10" in text
     assert "autotune study show wide" in text
+
+
+def test_the_summary_puts_the_best_that_study_best_chooses_first(tmp_path: Path) -> None:
+    """x=0.1 was confirmed at 645 (700, then 640 and 650); x=0.2, measured once at 680, reads above
+    it by less than the noise, so ``study best`` keeps 0.1 (tests/test_confirmation.py). The
+    summary agrees: 0.1's row first and in green, 0.2's below it, and the caption says why."""
+    study = optuna.create_study(study_name="lucky", storage=f"sqlite:///{tmp_path}/l.db", direction="maximize")
+    dist = {"x": optuna.distributions.FloatDistribution(0, 1)}
+    for x, value in ((0.0, 500.0), (0.1, 700.0), (0.2, 680.0), (0.1, 640.0), (0.1, 650.0)):
+        study.add_trial(optuna.trial.create_trial(params={"x": x}, distributions=dist, value=value, user_attrs={
+            "outcome": "ok", "feasible": True, "applied": {"x": x}, "baseline": x == 0.0}))
+    out = io.StringIO()
+    reporter = ConsoleReporter(Console(file=out, width=80, force_terminal=True, color_system="standard"), metric="tok/s")
+    reporter.study_finished(study, "")
+    rows = [line for line in out.getvalue().splitlines() if "x=" in line or "(baseline)" in line]
+    assert "1,3,4" in rows[0] and "645" in rows[0] and "\x1b[1;32m" in rows[0], rows  # bold green
+    assert "680" in rows[1] and "x=0.2" in rows[1] and "32m" not in rows[1], rows
+    assert "a single run above it is within the noise" in " ".join(re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue()).split())
 
 
 def test_a_failure_message_keeps_the_value_that_failed() -> None:
