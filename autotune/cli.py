@@ -479,7 +479,8 @@ def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool 
     if as_json:
         _print_json(doc)
         return
-    _out.print(Text.assemble((str(doc["study"]), "bold"), f": {doc['trials']} trials, outcomes {doc['outcomes']}"))
+    counts = ", ".join(f"{n} {o}" for o, n in sorted(doc["outcomes"].items(), key=lambda kv: -kv[1]))
+    _out.print(Text.assemble((str(doc["study"]), "bold"), f": {doc['trials']} trials: {counts}"))
     if doc["failure_kinds"]:
         _out.print("failure kinds: " + ", ".join(f"{k} x{n}" for k, n in doc["failure_kinds"].items()), markup=False)
     rules, left = doc["failure_rules"], doc["unexplained_failures"]

@@ -419,6 +419,8 @@ def test_explain_json_and_text_through_the_cli(tmp_path: Path) -> None:
     assert f"NCCL_ALGO=Tree -> nccl-error ({tree} of {tree})" in text
     assert "what matters for the objective" in text and "what matters for feasibility" in text
     assert "NCCL_PROTO" in text
+    ok = sum(1 for t in study.trials if t.user_attrs["outcome"] == "ok")
+    assert f"cli: 40 trials: {ok} ok, {40 - ok} infeasible" in text  # counts, most first, as the summary's
 
 
 @pytest.mark.parametrize("n", [0, 3])
