@@ -473,6 +473,7 @@ def study_best(name: str = NameArg, storage: str = StorageOpt, as_json: bool = t
 def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool = typer.Option(False, "--json")) -> None:
     """Which parameters mattered, and which values crash."""
     from autotune.analysis import explain
+    from autotune.importance import NO_EFFECT_SPREAD, NO_EFFECT_SPREAD_FEASIBILITY
     from autotune.study_view import load_study
 
     doc = explain(load_study(name, storage))
@@ -511,9 +512,15 @@ def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool 
             continue
         _out.print(Text("what matters for " + label, "bold"),
                    Text(f"(share of the variance only it accounts for, {part['trials']} trials: median [90 % interval])"))
+        relative = label != "feasibility"
+        bounded = False
         for k, v in part["params"].items():
             verdict = v["verdict"]
             over = (v.get("matched") or {}).get("over")
+            high = (v.get("matched") or {}).get("spread_high")
+            if verdict == "uncertain" and isinstance(high, (int, float)):
+                verdict += f" (spread <= {100 * high:.1f} %)" if relative else f" (spread <= {high:.2f})"
+                bounded = True
             if verdict == "no measurable effect" and isinstance(over, list):
                 numeric = v.get("values") and len(v["values"]) == 2 and all(
                     isinstance(x, (int, float)) and not isinstance(x, bool) for x in v["values"])
@@ -523,6 +530,10 @@ def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool 
                 _out.print(Text(f"  {k:32s} {v['median']:.2f} [{v['low']:.2f}, {v['high']:.2f}]  {verdict}"))
             else:
                 _out.print(Text(f"  {k:32s} {verdict}"))
+        if bounded:
+            need = f"{100 * NO_EFFECT_SPREAD:g} % of the mean" if relative else f"{NO_EFFECT_SPREAD_FEASIBILITY:g}"
+            _out.print(Text(f"  (spread <= x: its effect over the values compared, in pairs of trials alike in the "
+                            f"rest, 95th percentile; 'no measurable effect' needs below {need})", "dim"))
 
 
 @study_app.command("ablate")

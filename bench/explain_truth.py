@@ -94,6 +94,7 @@ from autotune.demo import DEMO_CONFIG
 from autotune.derived import derived_inputs
 from autotune.driver import make_sampler
 from autotune.failures import names_choice
+from autotune.importance import NO_EFFECT_SPREAD
 from autotune.load_signals import ATTR as SIGNALS_ATTR
 from autotune.sim.args import parse_server_args
 from autotune.sim.engine import configure
@@ -429,6 +430,7 @@ class Score:
     untestable: list[dict[str, Any]] = field(default_factory=list)
     rule_rates: list[float] = field(default_factory=list)
     ncds: dict[str, int] = field(default_factory=dict)
+    ncds_bounds: list[float] = field(default_factory=list)
     no_effect_claims: int = 0
     false_no_effect: list[dict[str, Any]] = field(default_factory=list)
     at_one_configuration: int = 0
@@ -452,8 +454,11 @@ def score_study(sc: Score, d: Design, study: optuna.Study, seed: int) -> dict[st
     feasible = [dict(t.user_attrs["applied"]) for t in finished if t.user_attrs.get("feasible")]
     verdict = _verdict(doc)
     sc.ncds[verdict] = sc.ncds.get(verdict, 0) + 1
+    bound = ((doc["importance"]["objective"].get("params", {}).get(NCDS) or {}).get("matched") or {}).get("spread_high")
+    if bound is not None:
+        sc.ncds_bounds.append(float(bound))
     record: dict[str, Any] = {"study": study.study_name, "trials": len(finished), "explain_s": round(took, 3),
-                              "ncds_verdict": verdict, "rules": []}
+                              "ncds_verdict": verdict, "ncds_spread_high": bound, "rules": []}
     for param, imp in doc["importance"]["objective"]["params"].items():
         if imp.get("verdict") == "no measurable effect":
             change = no_effect_truth(d, param, feasible, seed, (imp.get("matched") or {}).get("over"))
@@ -581,6 +586,10 @@ def _print_table(s: Score) -> None:
     if s.untestable:
         print(f"| rules the model could not test (< {MIN_TESTED} testable interventions) | {len(s.untestable)} |")
     print(f"| `{NCDS}`, {s.trials_each} trials | {_counts(s.ncds)} |")
+    if s.ncds_bounds:
+        b = sorted(s.ncds_bounds)
+        print(f"| `{NCDS}`: the matched spread's high end, where pairs bound it | {len(b)} studies: "
+              f"{b[0]:.1%} to {b[-1]:.1%}, median {statistics.median(b):.1%} (a claim needs below {NO_EFFECT_SPREAD:.0%}) |")
     print(f"| 'no measurable effect' claims (model-checked) | {s.no_effect_claims}, false: {len(s.false_no_effect)} |")
     for f in s.false_no_effect:
         print(f"| false | {f['study']}: {f['param']} (mean change {f['mean_change']:.1%}) |")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -346,6 +347,13 @@ def test_no_effect_needs_many_trials_and_matched_evidence(tmp_path: Path) -> Non
     text = autotune("study", "explain", "many", "--storage", storage, cwd=tmp_path).stdout
     assert (f"no measurable effect (between the values compared: {matched['over'][0]}..{matched['over'][1]})"
             in " ".join(text.split()))
+    # an uncertain verdict says how large an effect the matched pairs still allow
+    bounded = [(k, v["matched"]["spread_high"]) for k, v in imp["params"].items()
+               if v["verdict"] == "uncertain" and (v.get("matched") or {}).get("spread_high") is not None]
+    assert bounded, imp["params"]
+    for k, high in bounded:
+        assert re.search(rf"{k} +[0-9.]+ \[[0-9., ]+\]  uncertain \(spread <= {100 * high:.1f} %\)", text), text
+    assert "'no measurable effect' needs below 2 % of the mean" in " ".join(text.split())
 
     def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
         return None, _throughput(p, rng)
@@ -419,8 +427,8 @@ def test_explain_json_and_text_through_the_cli(tmp_path: Path) -> None:
     assert f"NCCL_ALGO=Tree -> nccl-error ({tree} of {tree})" in text
     assert "what matters for the objective" in text and "what matters for feasibility" in text
     assert "NCCL_PROTO" in text
-    ok = sum(1 for t in study.trials if t.user_attrs["outcome"] == "ok")
-    assert f"cli: 40 trials: {ok} ok, {40 - ok} infeasible" in text  # counts, most first, as the summary's
+    n, ok = len(study.trials), sum(1 for t in study.trials if t.user_attrs["outcome"] == "ok")
+    assert f"cli: {n} trials: {ok} ok, {n - ok} infeasible" in text  # counts, most first, as the summary's
 
 
 @pytest.mark.parametrize("n", [0, 3])
