@@ -135,14 +135,16 @@ class ConsoleReporter:
 
     # -- rendering ------------------------------------------------------------------------
     def status_line(self) -> Text:
-        """The live line: each running trial with its phase and clock, best so far, total time."""
+        """The live line: trials done, best so far and total time, then each running trial with its
+        phase and clock (in an 80-column terminal one trial fits whole; with more in flight the
+        line ends in an ellipsis rather than wrap)."""
         budget = "" if self.budget is None else f"/{self.budget}"
         best = "none yet" if self.best is None else f"{self.best:.4g}"
         now = time.monotonic()
-        parts: list[str | tuple[str, str]] = [(f"{self.name} ", "bold"), f"{self.done}{budget} done  "]
+        parts: list[str | tuple[str, str]] = [(f"{self.name} ", "bold"), f"{self.done}{budget} done  best {best}  "
+                                              f"total {now - self.study_start:.0f}s"]
         for number, run in sorted(self.running.items()):
-            parts += [f"trial {number} ", (run.phase, "cyan"), f" {run.detail}  {now - run.start:.1f}s  "]
-        parts.append(f"best {self.metric}: {best}  total {now - self.study_start:.0f}s")
+            parts += [f"  trial {number} ", (run.phase, "cyan"), f" {run.detail}  {now - run.start:.1f}s"]
         line = Text.assemble(*parts)
         line.no_wrap = True
         line.overflow = "ellipsis"

@@ -97,3 +97,16 @@ def test_the_live_line_is_made_afresh_for_each_refresh() -> None:
     assert "trial 1 measuring 10/64 requests" in second and first != second
     reporter.running[0].start -= 90  # a minute and a half later, the same line says so
     assert "90." in live.__rich__().plain or "91." in live.__rich__().plain
+
+
+def test_the_live_line_of_one_trial_fits_80_columns_whole() -> None:
+    """Done, best and total time first, then the trial's phase and clock: nothing cut at 80."""
+    out = io.StringIO()
+    reporter = ConsoleReporter(Console(file=out, width=80, force_terminal=True), metric="output_throughput")
+    reporter.study_started("demo", 3, 20)
+    reporter.best = 634.2
+    reporter.trial_started(13, {"p": 1}, False, "")
+    reporter.phase(13, "measuring", "140/192 requests")
+    line = _LiveStatus(reporter).__rich__()
+    assert line.plain.startswith("demo 3/20 done  best 634.2  total ") and line.plain.endswith("s")
+    assert "trial 13 measuring 140/192 requests" in line.plain and cell_len(line.plain) <= 80, line.plain
