@@ -447,7 +447,7 @@ def study_show(name: str = NameArg, storage: str = StorageOpt, as_json: bool = t
                     _out.print(v.failure["excerpt"], markup=False, highlight=False, style="dim")
 
 
-@study_app.command("best")
+@study_app.command("best", short_help="The best feasible trial of a study (multi-objective: its Pareto front and pick).")
 def study_best(name: str = NameArg, storage: str = StorageOpt, as_json: bool = typer.Option(False, "--json")) -> None:
     """The best feasible trial of a study; of a multi-objective study, its Pareto front and the
     trial the objective's rule picks from it (the one `autotune export` exports)."""
@@ -536,7 +536,7 @@ def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool 
                             f"rest, 95th percentile; 'no measurable effect' needs below {need})", "dim"))
 
 
-@study_app.command("ablate")
+@study_app.command("ablate", short_help="Which of the best trial's changes earned its gain: each reverted, measured again.")
 def study_ablate(name: str = NameArg, storage: str = StorageOpt,
                  repeats: int = typer.Option(2, "--repeats", min=1, max=20, help="Measurements of each run."),
                  as_json: bool = typer.Option(False, "--json")) -> None:
@@ -589,7 +589,7 @@ def study_ablate(name: str = NameArg, storage: str = StorageOpt,
 
 
 # -- export / dashboard -------------------------------------------------------------------------
-@app.command("export")
+@app.command("export", short_help="Export the best configuration of a study as a launch profile.")
 def export(
     name: str,
     fmt: str = typer.Option(..., "--format", "-f", help="sh | env | yaml | json"),
