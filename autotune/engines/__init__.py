@@ -38,6 +38,9 @@ class EnginePreset:
     env: Mapping[str, str] = field(default_factory=dict)
     """Environment every trial's server gets unless the target's ``env`` sets it (vLLM's stats
     line every second instead of every 10, so the scheduler's load shows in a short trial)."""
+    package: str | None = None
+    """The Python package (its import name) the engine is: its installed version is the engine's
+    version where the server does not say it (:func:`autotune.provenance.host_facts`)."""
 
     def argv(self, *, port: int | str, template: str | None = None, fields: Mapping[str, str] | None = None) -> list[str]:
         """The command (without the trial's flags) for a server listening on ``port``."""

@@ -7,6 +7,7 @@ from autotune.engines import EnginePreset
 
 SGLANG = EnginePreset(
     name="sglang",
+    package="sglang",
     template="{python} -m sglang.launch_server --model-path {model} --host {host} --port {port}",
     api="sglang",
     default_port=30000,

@@ -57,6 +57,7 @@ _LAST: tuple[Pattern, ...] = (
 
 TRANSFORMERS = EnginePreset(
     name="transformers",
+    package="transformers",
     template="{python} -m transformers.cli.transformers serve {model} --host {host} --port {port} --continuous-batching",
     api="openai",
     ready_path="/health",

@@ -61,6 +61,7 @@ _LAST: tuple[Pattern, ...] = (
 
 VLLM = EnginePreset(
     name="vllm",
+    package="vllm",
     template="{python} -m vllm.entrypoints.openai.api_server --model {model} --host {host} --port {port}",
     api="openai",
     ready_path="/health",

@@ -12,7 +12,10 @@
 #      Concurrency is a property of the workload, not a server flag: each study fixes it with
 #      `objective_overrides: {load: {concurrency: N}}`, and the best configuration is found per
 #      concurrency (tuning it as a free parameter would just pick the largest one);
-#   4. writes to $OUT: summary.json and summary.md (per trial: outcome, failure kind, throughput,
+#   4. exports the first study's best as a launch profile (profile-c<N>.sh: its provenance, engine
+#      version, GPU, driver and NCCL, in the header) and launches it once more with `autotune
+#      verify` (verify-c<N>.json: measured against recorded); VERIFY=0 skips this;
+#   5. writes to $OUT: summary.json and summary.md (per trial: outcome, failure kind, throughput,
 #      startup_s; best per study vs the baseline), show-c<N>.json (`study show --json`),
 #      best-c<N>.json (`study best --json`: the mean of the best's measurements and their count),
 #      run.log, env.txt (versions, GPU) and logs.tar.gz (every trial's server log).
@@ -129,7 +132,23 @@ EOF
   "$PY" -m autotune study best "$NAME" --storage "$STORAGE" --json > "$OUT/best-c$C.json" 2>/dev/null
 done
 
-# 4. results --------------------------------------------------------------------------------------
+# 4. the first study's best as a launch profile, launched again by `autotune verify` -----------------
+if [ "${VERIFY:-1}" = 1 ]; then
+  set -- $CONCURRENCIES
+  NAME="tf-gpu-c$1"
+  if "$PY" -m autotune export "$NAME" --format sh -o "$OUT/profile-c$1.sh" --storage "$STORAGE"; then
+    LEFT=$(( DEADLINE_S - 20 - $(elapsed) ))
+    if [ "$LEFT" -ge 60 ]; then
+      say "verify: the profile of $NAME, at most ${LEFT}s"
+      timeout -s INT -k 20 "$LEFT" "$PY" -m autotune verify "$OUT/profile-c$1.sh" --json > "$OUT/verify-c$1.json"
+      say "verify exited with $?"
+    else
+      say "no time left to verify $NAME"
+    fi
+  fi
+fi
+
+# 5. results --------------------------------------------------------------------------------------
 "$PY" bench/gpu/summarize.py --out "$OUT" --model-info "$WORK/model.json" "$OUT"/show-c*.json
 tar -C "$WORK/autotune-artifacts" -czf "$OUT/logs.tar.gz" logs 2>/dev/null || true
 say "done"

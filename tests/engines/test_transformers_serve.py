@@ -101,6 +101,13 @@ def test_study_measures_real_throughput(tiny_model: Path, tmp_path: Path) -> Non
         assert t["startup_s"] is not None and t["startup_s"] > 0
     baseline = [t for t in trials if t.get("baseline")]
     assert baseline and baseline[0]["params"] == {"cb_num_blocks": 32, "cb_block_size": 32, "cb_max_batch_tokens": 256}
+    # transformers serve does not say its version: the profile reads the installed package's
+    import transformers
+
+    proc = _autotune("export", "tf-ok", "--format", "json", "--storage", storage, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    prov = json.loads(proc.stdout)["provenance"]
+    assert prov["engine_version"] == transformers.__version__ and prov["sources"]["engine_version"] == "host facts"
 
 
 def test_rejected_value_is_infeasible_with_engine_text(tiny_model: Path, tmp_path: Path) -> None:
