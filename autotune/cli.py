@@ -473,7 +473,6 @@ def study_best(name: str = NameArg, storage: str = StorageOpt, as_json: bool = t
 def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool = typer.Option(False, "--json")) -> None:
     """Which parameters mattered, and which values crash."""
     from autotune.analysis import explain
-    from autotune.importance import NO_EFFECT_SPREAD, NO_EFFECT_SPREAD_FEASIBILITY
     from autotune.study_view import load_study
 
     doc = explain(load_study(name, storage))
@@ -512,8 +511,7 @@ def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool 
             continue
         _out.print(Text("what matters for " + label, "bold"),
                    Text(f"(share of the variance only it accounts for, {part['trials']} trials: median [90 % interval])"))
-        relative = label != "feasibility"
-        bounded = False
+        relative, bounded = part["relative"], False
         for k, v in part["params"].items():
             verdict = v["verdict"]
             over = (v.get("matched") or {}).get("over")
@@ -531,7 +529,7 @@ def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool 
             else:
                 _out.print(Text(f"  {k:32s} {verdict}"))
         if bounded:
-            need = f"{100 * NO_EFFECT_SPREAD:g} % of the mean" if relative else f"{NO_EFFECT_SPREAD_FEASIBILITY:g}"
+            need = f"{100 * part['no_effect_spread']:g} % of the mean" if relative else f"{part['no_effect_spread']:g}"
             _out.print(Text(f"  (spread <= x: its effect over the values compared, in pairs of trials alike in the "
                             f"rest, 95th percentile; 'no measurable effect' needs below {need})", "dim"))
 

@@ -314,8 +314,9 @@ class Driver:
         return study
 
     def _record_host_facts(self, study: optuna.Study) -> None:
-        """What each host says about its GPUs, driver, NCCL and engine package (for the profile's provenance), in
-        the study's ``host_facts``, once per host (a resume asks only hosts new to the study).
+        """What each host says about its GPUs, driver, NCCL and engine package (for the profile's
+        provenance), in the study's ``host_facts``, once per host (a resume asks only hosts new to
+        the study; the package's version is read from its metadata: nothing is imported).
         Under Ray with local slots the trials run on the nodes, which the driver does not reach:
         nothing is recorded for them."""
         facts = dict(study.user_attrs.get("host_facts") or {})

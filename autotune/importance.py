@@ -451,10 +451,14 @@ def _marginal(y: np.ndarray, groups: list[np.ndarray]) -> tuple[np.ndarray, np.n
 def importance_of(rows: list[dict[str, Any]], y: Sequence[float], *, relative: bool, min_trials: int = MIN_TRIALS,
                   resamples: int = RESAMPLES, seed: int = 0) -> dict[str, Any]:
     """Each parameter's share of ``y``'s variance and spread, given the others and alone (see the
-    module docstring); spreads relative to ``y``'s mean when ``relative``, else in ``y``'s units."""
+    module docstring); spreads relative to ``y``'s mean when ``relative``, else in ``y``'s units
+    (the document says which, ``relative``, and the bound "no measurable effect" needs,
+    ``no_effect_spread``)."""
     n = len(rows)
     names = sorted({k for r in rows for k in r})
-    doc: dict[str, Any] = {"trials": n, "min_trials": min_trials, "params": {}}
+    no_effect_spread = NO_EFFECT_SPREAD if relative else NO_EFFECT_SPREAD_FEASIBILITY
+    doc: dict[str, Any] = {"trials": n, "min_trials": min_trials, "relative": relative,
+                           "no_effect_spread": no_effect_spread, "params": {}}
     if n < min_trials:
         doc["verdict"] = f"not enough trials ({n}, need {min_trials})"
         return doc
@@ -464,7 +468,6 @@ def importance_of(rows: list[dict[str, Any]], y: Sequence[float], *, relative: b
         return doc
     scale = (abs(float(yv.mean())) or 1.0) if relative else 1.0
 
-    no_effect_spread = NO_EFFECT_SPREAD if relative else NO_EFFECT_SPREAD_FEASIBILITY
     matching = _Matching(rows, [name for name in names if len({repr(r.get(name)) for r in rows}) > 1])
     nb = _n_bins(n)
     named = [(name, _groups([r.get(name) for r in rows], nb)) for name in names]

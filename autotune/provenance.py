@@ -219,23 +219,21 @@ def provenance(*, engine: str, server_info: Mapping[str, Any] | None, log_text: 
     for text in extra_logs:
         for k, v in parse_log(text).items():
             from_others.setdefault(k, v)
-    version = engine_version(server_info)
-    source = "server info" if version else "none"
-    installed = facts.get("engine_version")
-    if not version and isinstance(installed, str) and installed.strip():
-        version, source = installed.strip(), "host facts"
-    out: dict[str, Any] = {"engine": engine, "engine_version": version or UNKNOWN}
-    sources: dict[str, str] = {"engine_version": source}
-    for key in ("gpu", "driver", "nccl"):
-        for name, src in (("host facts", facts), ("server log", from_log), ("other trials' logs", from_others)):
-            v = src.get(key)
+    found = {"server info": {"engine_version": engine_version(server_info)}, "host facts": facts,
+             "server log": from_log, "other trials' logs": from_others}
+    # per fact, its sources in order: the first that knows it wins (an engine's version is the
+    # server's own word, else the installed package's, in the host facts)
+    order = {"engine_version": ("server info", "host facts"),
+             **{key: ("host facts", "server log", "other trials' logs") for key in ("gpu", "driver", "nccl")}}
+    out: dict[str, Any] = {"engine": engine}
+    sources: dict[str, str] = {}
+    for key, names in order.items():
+        out[key], sources[key] = UNKNOWN, "none"
+        for name in names:
+            v = found[name].get(key)
             if isinstance(v, str) and v.strip():
-                out[key] = v.strip()
-                sources[key] = name
+                out[key], sources[key] = v.strip(), name
                 break
-        else:
-            out[key] = UNKNOWN
-            sources[key] = "none"
     if isinstance(facts.get("gpus"), list):
         out["gpus"] = facts["gpus"]
     out["sources"] = sources
