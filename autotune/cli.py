@@ -293,7 +293,7 @@ def _run_study(cfg: StudyConfig, trials: int | None, *, show_best: bool = True) 
     if stop.requested:
         raise typer.Exit(stop.exit_code)
     if show_best:
-        _print_best(run.study, objective.metric)
+        _print_best(run.study, objective.metric, brief=True)
 
 
 def preset_needs_benchmark(engine: str) -> bool:
@@ -319,7 +319,12 @@ def _baseline_from(cfg: StudyConfig, space: Any) -> dict[str, Any]:
     return {**shared, **cfg.baseline}
 
 
-def _print_best(study: Any, metric: str) -> None:
+def _print_best(study: Any, metric: str, *, brief: bool = False) -> None:
+    """The best configuration, as ``study best`` prints it: its figure against the baseline, what
+    backs it, every parameter and how to export it. ``brief``, under the end-of-study summary
+    (whose first row is this configuration, with what it changed from the baseline): no
+    parameter list and no note on its first run (the table's caption has it), so the summary and
+    the best fit an 80x24 screen."""
     from autotune.study_view import backing_text, best_view, is_multi_objective, trial_views
 
     if is_multi_objective(study):
@@ -340,11 +345,15 @@ def _print_best(study: Any, metric: str) -> None:
     m = best.measured
     if m is not None and m.first_excluded:
         _print_item(backing_text(m))
-        _print_item(f"its first run (trial {m.trials[0]}: {m.values[0]:.4g}) is left out: the run that made it "
-                    "a candidate reads high")
+        if not brief:
+            _print_item(f"its first run (trial {m.trials[0]}: {m.values[0]:.4g}) is left out: the run that made it "
+                        "a candidate reads high")
     elif m is not None:
         _print_item("1 measurement, no interval (the study did not measure it again)")
-    _print_item(" ".join(f"{k}={v}" for k, v in best.params.items()))
+    if brief:
+        _print_item(f"every parameter: autotune study best {study.study_name}")
+    else:
+        _print_item(" ".join(f"{k}={v}" for k, v in best.params.items()))
     _print_item(f"export it: autotune export {study.study_name} --format sh -o profile.sh")
 
 

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import optuna
+import pytest
 from optuna.distributions import CategoricalDistribution, IntDistribution
 from rich.cells import cell_len
 from rich.console import Console
@@ -50,8 +51,27 @@ def test_the_summary_fits_80_columns_and_shows_the_top_trials(tmp_path: Path) ->
     text = out.getvalue()
     assert "129" in text and "(baseline)" in text  # the best trial (value 129) and the baseline
     assert "NCCL_ALGO=Tree" in text  # the crash rule
-    assert "20 ok, 10 infeasible" in text and "nccl-error 10" in text
+    assert "20 ok, 10 infeasible (nccl-error 10)" in text
     assert "autotune study show wide" in text
+
+
+def test_the_summary_and_the_best_fit_an_80x24_screen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``study start`` leaves on the screen: the summary, then the best in brief (the
+    table's first row has what it changed; ``study best`` has every parameter), 23 lines at most
+    so that the prompt below them fits a 24-row terminal too."""
+    from autotune import cli
+
+    out = io.StringIO()
+    console = Console(file=out, width=80, force_terminal=False, color_system=None)
+    study = _study(tmp_path)
+    ConsoleReporter(console, metric="tok/s").study_finished(study, "budget reached: 30 trials")
+    monkeypatch.setattr(cli, "_out", console)
+    cli._print_best(study, "tok/s", brief=True)
+    lines = out.getvalue().splitlines()
+    assert len(lines) <= 23 and max(cell_len(line) for line in lines) <= 80, out.getvalue()
+    assert lines[-4].startswith("best: trial 29 tok/s=129") and "1 measurement, no interval" in lines[-3]
+    assert lines[-2].strip() == "every parameter: autotune study best wide"
+    assert lines[-1].strip().startswith("export it: autotune export wide")
 
 
 def test_the_summary_puts_the_best_that_study_best_chooses_first(tmp_path: Path) -> None:
