@@ -75,7 +75,10 @@ spread's high end sits near 3 %: the claim waits for more trials.
 Verdicts
 --------
 
-- ``not enough trials (N, need M)`` below ``MIN_TRIALS`` trials of the target;
+- ``not enough trials (N, need M)`` below ``MIN_TRIALS`` trials of the target; for feasibility
+  also ``not enough failures (N, need M)`` (or ``not enough feasible trials``) below
+  ``MIN_OUTCOMES`` of the rarer outcome: one failure in twenty gives every parameter a share of
+  that trial's noise, which no interval makes a finding;
 - ``effect`` when the share's low end is at least ``EFFECT_SHARE``, and so is the low end of
   its share alone (a parameter that only seems to matter given the others may be the sampler's
   doing; one that matters but hides behind another stays ``uncertain``);
@@ -107,11 +110,14 @@ from typing import Any
 
 import numpy as np
 
-from autotune.crash_rules import MEASURED, finished, is_number
+from autotune.crash_rules import MEASURED, MIN_SUPPORT, finished, is_number
 from autotune.study_view import TrialView
 
 MIN_TRIALS = 20
 """Fewest trials (feasible ones for the objective, finished ones for feasibility) for importances."""
+MIN_OUTCOMES = MIN_SUPPORT
+"""Fewest trials of the rarer outcome (failed or ran) for importances for feasibility: as many
+failures as a crash rule rests on."""
 RESAMPLES = 40
 RIDGE = 1.0
 EFFECT_SHARE = 0.05
@@ -449,11 +455,13 @@ def _marginal(y: np.ndarray, groups: list[np.ndarray]) -> tuple[np.ndarray, np.n
 
 
 def importance_of(rows: list[dict[str, Any]], y: Sequence[float], *, relative: bool, min_trials: int = MIN_TRIALS,
-                  resamples: int = RESAMPLES, seed: int = 0) -> dict[str, Any]:
+                  min_outcomes: int = 0, resamples: int = RESAMPLES, seed: int = 0) -> dict[str, Any]:
     """Each parameter's share of ``y``'s variance and spread, given the others and alone (see the
     module docstring); spreads relative to ``y``'s mean when ``relative``, else in ``y``'s units
     (the document says which, ``relative``, and the bound "no measurable effect" needs,
-    ``no_effect_spread``)."""
+    ``no_effect_spread``). ``min_outcomes``: for a 0/1 ``y`` (feasibility), the fewest trials of
+    each value; below it, or ``min_trials`` trials, the verdict says so and no parameter is
+    rated."""
     n = len(rows)
     names = sorted({k for r in rows for k in r})
     no_effect_spread = NO_EFFECT_SPREAD if relative else NO_EFFECT_SPREAD_FEASIBILITY
@@ -465,6 +473,11 @@ def importance_of(rows: list[dict[str, Any]], y: Sequence[float], *, relative: b
     yv = np.asarray(y, dtype=float)
     if float(yv.std()) == 0.0:
         doc["verdict"] = "the target does not vary"
+        return doc
+    failed, ran = int((yv == 0.0).sum()), int((yv != 0.0).sum())
+    if min(failed, ran) < min_outcomes:
+        what = "failures" if failed <= ran else "feasible trials"
+        doc["verdict"] = f"not enough {what} ({min(failed, ran)}, need {min_outcomes})"
         return doc
     scale = (abs(float(yv.mean())) or 1.0) if relative else 1.0
 
@@ -529,7 +542,7 @@ def importance(views: Sequence[TrialView]) -> dict[str, Any]:
     objective = importance_of([v.params for v in feasible], [float(v.value) for v in feasible],  # type: ignore[arg-type]
                               relative=True)
     feas = importance_of([v.params for v in rows], [1.0 if v.outcome in MEASURED else 0.0 for v in rows],
-                         relative=False)
+                         relative=False, min_outcomes=MIN_OUTCOMES)
     method = (f"share of the variance only this parameter accounts for in an additive model over all parameters "
               f"(ridge least squares, bias-corrected), bootstrap over trials "
               f"({RESAMPLES} resamples, {INTERVAL[0]:g}-{INTERVAL[1]:g} % interval)")

@@ -431,6 +431,29 @@ def test_explain_json_and_text_through_the_cli(tmp_path: Path) -> None:
     assert f"cli: {n} trials: {ok} ok, {n - ok} infeasible" in text  # counts, most first, as the summary's
 
 
+@pytest.mark.parametrize("failing", [1, 2, 3])
+def test_feasibility_needs_as_many_failures_as_a_crash_rule(tmp_path: Path, failing: int) -> None:
+    """One or two failures in 30 trials would give every parameter a share of those trials' luck:
+    feasibility says "not enough failures" (the demo printed ten lines of "uncertain" over one
+    NCCL error); from MIN_SUPPORT failures on, its parameters are rated."""
+    judged = iter(range(10**6))
+
+    def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
+        return ("nccl-error", 0.0) if next(judged) < failing else (None, _throughput(p, rng))  # the fixed ones
+
+    study, storage = _study(tmp_path, f"f{failing}", 30, judge, seed=3, fixed=[{"NCCL_ALGO": "Tree"}] * failing)
+    assert sum(t.state == TrialState.PRUNED for t in study.trials) == failing
+    doc = explain(study)
+    feas = doc["importance"]["feasibility"]
+    if failing < MIN_SUPPORT:
+        assert feas["verdict"] == f"not enough failures ({failing}, need {MIN_SUPPORT})" and feas["params"] == {}
+        text = autotune("study", "explain", f"f{failing}", "--storage", storage, cwd=tmp_path).stdout
+        assert f"what matters for feasibility: not enough failures ({failing}, need {MIN_SUPPORT})" in text
+    else:
+        assert feas["verdict"] == "ok" and "NCCL_ALGO" in feas["params"]
+    assert doc["importance"]["objective"]["verdict"] == "ok"
+
+
 @pytest.mark.parametrize("n", [0, 3])
 def test_tiny_studies_explain_without_error(tmp_path: Path, n: int) -> None:
     def judge(p: dict[str, Any], rng: random.Random) -> tuple[str | None, float]:
