@@ -103,12 +103,15 @@ def _rule_parameter(rule: Mapping[str, Any], names: Iterable[str]) -> str | None
 def top_parameters(imps: list[dict[str, Any]], rules: list[Mapping[str, Any]], views: list[TrialView], n: int = 2) -> list[str]:
     """The ``n`` parameters for the feasibility map: the most important first (``imps``: rows of
     one or more importances; a parameter ranks by its largest share in any), then those the
-    crash rules name, then the rest in the order trials list them."""
+    crash rules name, then the rest in the order trials list them, those the trials varied
+    before those they did not (an axis with one value maps nothing)."""
     names: list[str] = []
     for v in views:
         for k in v.params:
             if k not in names:
                 names.append(k)
+    varied = {k for k in names if len({repr(v.params.get(k)) for v in views}) > 1}
+    names = [k for k in names if k in varied] + [k for k in names if k not in varied]
     share: dict[str, float] = {}
     for r in imps:
         if r["importance"] is not None and r["parameter"] in names:
@@ -296,7 +299,8 @@ def _rules_html(rules: list[Mapping[str, Any]], doc: Mapping[str, Any]) -> str:
     unexplained = doc["unexplained_failures"]
     if unexplained["count"]:
         kinds = unexplained["kinds"]
-        out += (f"<p>{_e(unexplained['count'])} failures explained by no rule"
+        noun = "failure" if unexplained["count"] == 1 else "failures"
+        out += (f"<p>{_e(unexplained['count'])} {noun} explained by no rule"
                 + (f" ({_e(', '.join(f'{k} x{n}' for k, n in kinds.items()))})" if kinds else "")
                 + f": trials {_e(unexplained['trials'])}.</p>")
         for local in unexplained["at_one_configuration"]:
@@ -480,8 +484,12 @@ def build_report(study: optuna.Study, storage: str, *, analysis: Mapping[str, An
     pair = top_parameters(imps, rules, views)
     parts.append("<h2 id=feasibility>Feasibility map</h2>")
     if pair:
+        rated = {r["parameter"] for r in imps if r["importance"] is not None}
+        over = ("the two most important parameters" if all(p in rated for p in pair) else
+                f"{' and '.join(pair)} (importance not rated yet: the parameters the crash rules name, then "
+                "those the trials varied, in their order)")
         parts.append(figure("feasibility", lambda: _feasibility_figure(views, pair, metric),
-                            "each trial over the two most important parameters: circles were measured (colour: "
+                            f"each trial over {over}: circles were measured (colour: "
                             f"{metric}), crosses failed (one colour per failure kind)"))
     else:
         parts.append("<p>No parameter to map.</p>")

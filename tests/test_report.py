@@ -356,6 +356,9 @@ def test_importances_and_the_map_parameters_from_the_analysis() -> None:
     views = [TrialView(0, "COMPLETE", "ok", {"a": 1, "b": 2, "c": 3, "d": 4}, 1.0, {}, None, 1.0)]
     assert top_parameters(sets[1]["rows"], [], views) == ["b", "a"]
     assert top_parameters([], [{"conditions": [{"param": "d", "op": "=", "value": 4}]}], views) == ["d", "a"]
+    # with nothing rated, an axis the trials varied before one they held (one value maps nothing)
+    views.append(TrialView(1, "COMPLETE", "ok", {"a": 1, "b": 2, "c": 5, "d": 6}, 1.0, {}, None, 1.0))
+    assert top_parameters([], [], views) == ["c", "d"]
 
 
 def test_a_study_without_feasible_trials_still_reports(tmp_path: Path) -> None:
