@@ -179,8 +179,11 @@ def trial_note(v: TrialView, *, metric: str | None = None, constraints: Mapping[
             out.append("")
             out.append(_block("\n".join(_wrap(lines))))
     if v.metrics:
-        out += ["", "| metric | value |", "|---|---|"]
-        shown: set[str | None] = set(objectives) or {metric}
+        # A stopped load's metrics count only the requests done before the stop (often none, so
+        # a throughput of 0): the bound above is what it measured, and no metric is its figure.
+        head = "metric (requests done before the stop)" if v.outcome == "stopped" else "metric"
+        out += ["", f"| {head} | value |", "|---|---|"]
+        shown: set[str | None] = set() if v.outcome == "stopped" else set(objectives) or {metric}
         order = sorted(v.metrics, key=lambda k: (k not in shown, k))
         out += [f"| {'**' + _text(k) + '**' if k in shown else _text(k)} | {_code(v.metrics[k])} |" for k in order]
     if v.params:

@@ -192,3 +192,23 @@ def test_the_dashboard_in_a_real_browser(recorded: Recorded, tmp_path: Path) -> 
             shutil.copy(shot, os.environ["AUTOTUNE_KEEP_SCREENSHOT"])
     finally:
         stop_group(proc)
+
+
+def test_a_stopped_trials_note_does_not_show_its_partial_metrics_as_its_figure() -> None:
+    """A load stopped at 31 % cancelled every request: its metrics read output_throughput 0. The
+    note says what it measured (the bound), and heads the metrics as the requests done before
+    the stop, none of them in bold as the objective."""
+    from autotune.notes import trial_note
+    from autotune.study_view import TrialView
+
+    stopped = TrialView(13, "PRUNED", "stopped", {"x": 1}, None,
+                        {"output_throughput": 0.0, "completed": 0.0, "cancelled": 192.0}, None, 7.9,
+                        early_stop={"message": "at 31% of the load: output_throughput could reach at most 587.9, "
+                                               "below 669.8"})
+    note = trial_note(stopped, metric="output_throughput")
+    assert "**Stopped early** at 31% of the load" in note and "at most 587.9" in note
+    assert "| metric (requests done before the stop) | value |" in note
+    assert "**output\\_throughput**" not in note and "| output\\_throughput | `0` |" in note
+    ok = trial_note(TrialView(1, "COMPLETE", "ok", {"x": 1}, 675.4, {"output_throughput": 675.4}, None, 7.7),
+                    metric="output_throughput")
+    assert "| metric | value |" in ok and "| **output\\_throughput** | `675.4` |" in ok
