@@ -1,10 +1,11 @@
-"""Text that must stay on one line (profile headers, notes, error messages)."""
+"""Text for people: what must stay on one line (profile headers, notes, error messages), and
+counts with their nouns."""
 
 from __future__ import annotations
 
 import unicodedata
 
-__all__ = ["one_line"]
+__all__ = ["counted", "one_line"]
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -24,3 +25,9 @@ def one_line(text: str) -> str:
         else:
             out.append(ch)
     return "".join(out)
+
+
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1 (``1 failure``, ``2 failures``; nouns with a
+    regular plural)."""
+    return f"{n} {noun if n == 1 else noun + 's'}"

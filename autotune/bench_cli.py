@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from autotune._text import counted
 from autotune.errors import UsageError
 
 # autotune.bench_tuner (the driver, the simulator) is imported by the command itself: every other
@@ -100,7 +101,7 @@ def _plain_progress(err: Console) -> Any:
     def progress(done: int, total: int, what: str) -> None:
         if what == "optimum":
             if done == 0:
-                err.print(f"finding the optimum of {total} scenario(s)", markup=False, highlight=False)
+                err.print(f"finding the optimum of {counted(total, 'scenario')}", markup=False, highlight=False)
             return
         step = max(1, total // 10)
         if done == total or done // step > shown["at"]:

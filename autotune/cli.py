@@ -16,6 +16,7 @@ import typer._click.exceptions as _click_exc
 from rich.console import Console
 from rich.text import Text
 
+from autotune._text import counted
 from autotune.config import DEFAULT_STORAGE, StudyConfig
 from autotune.errors import ConfigError, UsageError
 from autotune.export import DEFAULT_MEMORY_MARGIN
@@ -205,7 +206,7 @@ def study_stop(name: str = NameArg, storage: str = StorageOpt,
               "it stops after its running trials' teardown (run `autotune study stop` again to wait more)", 1)
     numbers = service.interrupted_trials(study, owner)
     which = f" ({', '.join(str(n) for n in numbers)})" if numbers else ""
-    _out.print(f"study {name} stopped: {len(numbers)} trial(s) interrupted{which}, to run again on "
+    _out.print(f"study {name} stopped: {counted(len(numbers), 'trial')} interrupted{which}, to run again on "
                f"`autotune study resume {name}`", markup=False, soft_wrap=True)
 
 
@@ -376,7 +377,7 @@ def _print_front(study: Any) -> None:
         return
     goals = objectives(study)
     by_number = {v.number: v for v in views}
-    _out.print(f"Pareto front: {len(chosen.front)} trial(s), objectives "
+    _out.print(f"Pareto front: {counted(len(chosen.front), 'trial')}, objectives "
                + ", ".join(f"{g.direction} {g.metric}" for g in goals), markup=False)
     for n in chosen.front:
         v = by_number[n]
@@ -507,8 +508,7 @@ def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool 
                             "them (each explains as many failures, as cleanly)"))
     if left["count"]:
         kinds = ", ".join(f"{k} x{n}" for k, n in left["kinds"].items())
-        noun = "failure" if left["count"] == 1 else "failures"
-        _out.print(Text(f"  {left['count']} {noun} explained by no rule ({kinds}): trials "
+        _out.print(Text(f"  {counted(left['count'], 'failure')} explained by no rule ({kinds}): trials "
                         f"{', '.join(map(str, left['trials']))}"))
         for local in left["at_one_configuration"]:
             _out.print(Text(f"    {local['text']}: trials {', '.join(map(str, local['trials']))}"))
@@ -570,8 +570,8 @@ def study_ablate(name: str = NameArg, storage: str = StorageOpt,
     waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
     ablation.enqueue(study, run_id, runs)
     reverted = sorted({r.label.removeprefix("revert:") for r in runs if r.label.startswith("revert:")})
-    _err.print(f"ablating trial {best.number} against the baseline (trial {base.number}): {len(reverted)} changed "
-               f"parameters, {len(runs)} trials ({repeats} of each run)", markup=False, soft_wrap=True)
+    _err.print(f"ablating trial {best.number} against the baseline (trial {base.number}): "
+               f"{counted(len(reverted), 'changed parameter')}, {counted(len(runs), 'trial')} ({repeats} of each run)", markup=False, soft_wrap=True)
     _run_study(cfg, len(finished_trials(study)) + waiting + len(runs), show_best=False)
     study = load_study(name, storage)
     doc = ablation.analyse(study, run_id, best, base)

@@ -55,7 +55,7 @@ from typing import Any
 import yaml
 
 from autotune._stats import mean_interval
-from autotune._text import one_line
+from autotune._text import counted, one_line
 from autotune.errors import UsageError
 from autotune.pareto import ChoiceRule, dominates
 from autotune.secrets import reference, reference_name
@@ -276,7 +276,7 @@ def measurement(values: Sequence[float], trials: Sequence[int] = (), *, at: str 
         text = f"{_num(mean)}, 1 measurement, no interval{which}{when}"
     else:
         lo, hi = out["interval95"]
-        text = f"mean {_num(mean)}, 95% interval [{_num(lo)}, {_num(hi)}], {n} measurement{'s' if n != 1 else ''}{which}{when}"
+        text = f"mean {_num(mean)}, 95% interval [{_num(lo)}, {_num(hi)}], {counted(n, 'measurement')}{which}{when}"
     out["text"] = text + (f"; {note}" if note else "")
     if note:
         out["note"] = note
@@ -1010,7 +1010,7 @@ def verify(path: Path, *, repeats: int = 1, timeout_s: float | None = None, pyth
 
 def verify_lines(doc: Mapping[str, Any]) -> list[str]:
     """A verify result for a person."""
-    rec = f"{_num(doc['recorded'])} recorded ({doc['recorded_count']} measurement{'s' if doc['recorded_count'] != 1 else ''})"
+    rec = f"{_num(doc['recorded'])} recorded ({counted(doc['recorded_count'], 'measurement')})"
     where = f"study {doc['study']} trial {doc['trial']}"
     if doc.get("failure"):
         f = doc["failure"]
@@ -1020,7 +1020,7 @@ def verify_lines(doc: Mapping[str, Any]) -> list[str]:
         return lines
     better = "higher" if doc["direction"] == "maximize" else "lower"
     verdict = "ok" if doc["ok"] else f"WORSE than recorded by more than {100 * doc['tolerance']:.0f}%"
-    runs = f"{doc['runs']} run{'s' if doc['runs'] != 1 else ''}"
+    runs = counted(doc['runs'], 'run')
     line = (f"{doc['metric']}: {_num(doc['measured'])} measured ({runs}) vs {rec}, {where}: ratio {doc['ratio']:.3f} "
             f"({better} is better, tolerance {100 * doc['tolerance']:.0f}%): {verdict}")
     return [line] + ([f"server logs: {doc['log_dir']}"] if doc.get("log_dir") else [])

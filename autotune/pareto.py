@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from autotune._text import counted
+
 Direction = Literal["maximize", "minimize"]
 RuleName = Literal["bound", "knee", "first"]
 RULES: tuple[str, ...] = ("bound", "knee", "first")
@@ -152,7 +154,7 @@ def choose(points: Sequence[Point], goals: Sequence[Goal], rule: ChoiceRule) -> 
         raise ValueError("no feasible trial to choose from")
     pf = front(points, goals)
     numbers = tuple(p[0] for p in pf)
-    n = f"{len(pf)} trial{'s' if len(pf) != 1 else ''} on the Pareto front"
+    n = f"{counted(len(pf), 'trial')} on the Pareto front"
     head = goals[0].metric
     if rule.rule == "first":
         pick = _best(pf, goals)

@@ -31,6 +31,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from autotune._text import counted
 from autotune.errors import UsageError
 from autotune.results import finite_number
 from autotune.study_view import TrialView, best_view, is_multi_objective, objectives, pick, trial_views
@@ -299,8 +300,7 @@ def _rules_html(rules: list[Mapping[str, Any]], doc: Mapping[str, Any]) -> str:
     unexplained = doc["unexplained_failures"]
     if unexplained["count"]:
         kinds = unexplained["kinds"]
-        noun = "failure" if unexplained["count"] == 1 else "failures"
-        out += (f"<p>{_e(unexplained['count'])} {noun} explained by no rule"
+        out += (f"<p>{_e(counted(unexplained['count'], 'failure'))} explained by no rule"
                 + (f" ({_e(', '.join(f'{k} x{n}' for k, n in kinds.items()))})" if kinds else "")
                 + f": trials {_e(unexplained['trials'])}.</p>")
         for local in unexplained["at_one_configuration"]:

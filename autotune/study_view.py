@@ -18,6 +18,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune._text import counted
 from autotune._stats import mean_interval, t95
 from autotune.errors import StudyNotFoundError
 from autotune.load_signals import ATTR as SIGNALS_ATTR
@@ -220,8 +221,7 @@ class Noise:
         return {"relative_sd": self.sd, "df": self.df, "configs": self.configs}
 
     def __str__(self) -> str:
-        return (f"run-to-run noise {self.sd:.1%}, pooled over {self.configs} configuration"
-                f"{'s' if self.configs != 1 else ''} measured again")
+        return f"run-to-run noise {self.sd:.1%}, pooled over {counted(self.configs, 'configuration')} measured again"
 
 
 def pooled_noise(configs: Sequence[Measured]) -> Noise | None:
