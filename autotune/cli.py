@@ -358,12 +358,13 @@ def _print_best(study: Any, metric: str, *, brief: bool = False) -> None:
     _print_item(f"export it: autotune export {study.study_name} --format sh -o profile.sh")
 
 
-def _print_item(text: str) -> None:
-    """One indented item of a summary, wrapped to the console's width with its continuation lines
-    indented further (an 80-column terminal wrapped a parameter line back to column 0). Printed
-    as text: names and values are user data, never rich markup."""
-    _out.print(textwrap.fill(text, width=max(_out.width, 40), initial_indent="  ", subsequent_indent="    ",
-                             break_long_words=False, break_on_hyphens=False), markup=False, soft_wrap=True)
+def _print_item(text: str, indent: int = 2, style: str | None = None) -> None:
+    """One item of a summary, ``indent`` spaces in, wrapped to the console's width with its
+    continuation lines indented two further (an 80-column terminal wrapped a parameter line back
+    to column 0). Printed as text: names and values are user data, never rich markup."""
+    _out.print(textwrap.fill(text, width=max(_out.width, 40), initial_indent=" " * indent,
+                             subsequent_indent=" " * (indent + 2), break_long_words=False, break_on_hyphens=False),
+               markup=False, soft_wrap=True, style=style, highlight=False)
 
 
 def _print_front(study: Any) -> None:
@@ -496,22 +497,24 @@ def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool 
     rules, left = doc["failure_rules"], doc["unexplained_failures"]
     if rules or left["count"]:
         _out.print(Text("what crashes", "bold"), Text("(rule -> kind (failed of covered); each failure attributed to one rule)"))
+    # Each item wrapped with its continuation lines indented: at 80 columns a rule with its scope
+    # ran to three lines, the second and third back at column 0 among the headings.
     for rule in rules:
-        _out.print(Text(f"  {rule['rule']}  trials {', '.join(map(str, rule['trials']))}"))
+        _print_item(f"{rule['rule']}  trials {', '.join(map(str, rule['trials']))}")
         for quantity, meaning in (rule.get("derived") or {}).items():
-            _out.print(Text(f"    {quantity}: {meaning}"))
+            _print_item(f"{quantity}: {meaning}", 4)
         if rule.get("confounded_with"):
-            _out.print(Text(f"    not told apart from {' or '.join(rule['confounded_with'])}: every one of these "
-                            "failures also had it, and no more trials refute it"))
+            _print_item(f"not told apart from {' or '.join(rule['confounded_with'])}: every one of these "
+                        "failures also had it, and no more trials refute it", 4)
         if rule.get("as_sure"):
-            _out.print(Text(f"    or as surely {' or '.join(rule['as_sure'])}: these trials do not choose between "
-                            "them (each explains as many failures, as cleanly)"))
+            _print_item(f"or as surely {' or '.join(rule['as_sure'])}: these trials do not choose between "
+                        "them (each explains as many failures, as cleanly)", 4)
     if left["count"]:
         kinds = ", ".join(f"{k} x{n}" for k, n in left["kinds"].items())
-        _out.print(Text(f"  {counted(left['count'], 'failure')} explained by no rule ({kinds}): trials "
-                        f"{', '.join(map(str, left['trials']))}"))
+        _print_item(f"{counted(left['count'], 'failure')} explained by no rule ({kinds}): trials "
+                    f"{', '.join(map(str, left['trials']))}")
         for local in left["at_one_configuration"]:
-            _out.print(Text(f"    {local['text']}: trials {', '.join(map(str, local['trials']))}"))
+            _print_item(f"{local['text']}: trials {', '.join(map(str, local['trials']))}", 4)
     imp = doc["importance"]
     targets = [(o["metric"], o) for o in imp["objectives"]] if imp.get("objectives") else [("the objective", imp["objective"])]
     for label, part in (*targets, ("feasibility", imp["feasibility"])):
@@ -521,6 +524,7 @@ def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool 
         _out.print(Text("what matters for " + label, "bold"),
                    Text(f"(share of the variance only it accounts for, {part['trials']} trials: median [90 % interval])"))
         relative, bounded = part["relative"], False
+        width = max((len(k) for k in part["params"]), default=0)  # so that a verdict with its bound fits 80
         for k, v in part["params"].items():
             verdict = v["verdict"]
             over = (v.get("matched") or {}).get("over")
@@ -533,14 +537,14 @@ def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool 
                     isinstance(x, (int, float)) and not isinstance(x, bool) for x in v["values"])
                 shown = f"{over[0]}..{over[1]}" if numeric else ", ".join(map(str, over))
                 verdict += f" (between the values compared: {shown})"
-            if "median" in v:
-                _out.print(Text(f"  {k:32s} {v['median']:.2f} [{v['low']:.2f}, {v['high']:.2f}]  {verdict}"))
-            else:
-                _out.print(Text(f"  {k:32s} {verdict}"))
+            head = f"  {k:{width}s}  " + (f"{v['median']:.2f} [{v['low']:.2f}, {v['high']:.2f}]  " if "median" in v else "")
+            _out.print(textwrap.fill(head + verdict, width=max(_out.width, 40), subsequent_indent=" " * len(head),
+                                     break_long_words=False, break_on_hyphens=False),
+                       markup=False, soft_wrap=True, highlight=False)  # a long verdict wraps under itself
         if bounded:
             need = f"{100 * part['no_effect_spread']:g} % of the mean" if relative else f"{part['no_effect_spread']:g}"
-            _out.print(Text(f"  (spread <= x: its effect over the values compared, in pairs of trials alike in the "
-                            f"rest, 95th percentile; 'no measurable effect' needs below {need})", "dim"))
+            _print_item(f"(spread <= x: its effect over the values compared, in pairs of trials alike in the "
+                        f"rest, 95th percentile; 'no measurable effect' needs below {need})", style="dim")
 
 
 @study_app.command("ablate", short_help="Which of the best trial's changes earned its gain: each reverted, measured again.")
