@@ -241,19 +241,25 @@ def outcome_lines(views: list[TrialView], rules: list[str]) -> list[Text]:
 
 def summary_table(views: list[TrialView], metric: str, maximize: bool = True, *, goals: Sequence[Goal] = (),
                   front: Sequence[int] = (), chosen: int | None = None, title: str = "trials") -> Table:
-    """A table of every trial: number, outcome, value, failure kind (for a trial stopped early:
-    where and why), the parameters that differ from the baseline's (all of them for the
-    baseline), duration. The best configuration's trials (:func:`~autotune.study_view.best_of`)
-    are in green.
+    """A table of every trial: number, outcome, value, then in one column the failure kind (for a
+    trial stopped early: where and why) above the parameters that differ from the baseline's (all
+    of them for the baseline), and duration. The best configuration's trials
+    (:func:`~autotune.study_view.best_of`) are in green.
+
+    One column for failure and parameters, and no outer frame: at 80 columns the parameters got
+    17 and broke every name in two. Now they get the width the rest leaves (36 at 80).
 
     A multi-objective study (``goals``: two or more): one value column per objective, the trials
     on the Pareto front (``front``) marked, the ``chosen`` one in green."""
     multi = len(goals) > 1
     heading = ", ".join(f"{g.direction} {g.metric}" for g in goals) if multi else metric
-    table = Table(title=Text(f"{title} ({heading})"), show_lines=False)
+    table = Table(title=Text(f"{title} ({heading})"), show_lines=False, box=box.HEAVY_HEAD, show_edge=False)
     value_columns = [g.metric for g in goals] if multi else ["value"]
-    for col in ("#", "outcome", *value_columns, "failure", "parameters (vs baseline)", "time"):
-        table.add_column(col, overflow="fold")
+    table.add_column("#", overflow="fold")
+    for col in ("outcome", *value_columns):
+        table.add_column(col, no_wrap=True)
+    table.add_column("failure / parameters (vs baseline)", overflow="fold", ratio=1)
+    table.add_column("time", no_wrap=True)
     chosen_best = None if multi else best_of(views, maximize)
     best = set(chosen_best.measured.trials) if chosen_best is not None and chosen_best.measured else set()
     base = next((v.params for v in views if v.baseline), {})
@@ -268,8 +274,9 @@ def summary_table(views: list[TrialView], metric: str, maximize: bool = True, *,
         shown = v.params if v.baseline else {k: p for k, p in v.params.items() if base.get(k) != p}
         params = " ".join(f"{k}={p}" for k, p in shown.items())
         number = str(v.number) + (" (baseline)" if v.baseline else "") + (" (front)" if v.number in on_front else "")
-        cells = (number, v.outcome, *cells_values, v.failure_kind or _stopped(v),
-                 params, f"{v.duration_s:.1f}s" if isinstance(v.duration_s, (int, float)) and v.duration_s else "")
+        failure = v.failure_kind or _stopped(v)
+        cells = (number, v.outcome, *cells_values, "\n".join(x for x in (failure, params) if x),
+                 f"{v.duration_s:.1f}s" if isinstance(v.duration_s, (int, float)) and v.duration_s else "")
         table.add_row(*(Text(str(c)) for c in cells), style=style)  # Text: a value is never markup
     return table
 

@@ -74,6 +74,25 @@ def test_the_summary_and_the_best_fit_an_80x24_screen(tmp_path: Path, monkeypatc
     assert lines[-1].strip().startswith("export it: autotune export wide")
 
 
+def test_study_show_at_80_columns_keeps_each_parameter_whole(tmp_path: Path) -> None:
+    """``study show``'s table of every trial: at 80 columns its parameters column was 17 wide and
+    broke every ``NAME=value`` in two. Failure and parameters share one column that takes the
+    width the rest leaves, so each setting of up to 36 characters stays on one line."""
+    from autotune.progress import summary_table
+    from autotune.study_view import trial_views
+
+    study = _study(tmp_path)
+    out = io.StringIO()
+    Console(file=out, width=80, force_terminal=False, color_system=None).print(
+        summary_table(trial_views(study), "tok/s"))
+    text = out.getvalue()
+    assert max(cell_len(line) for line in text.splitlines()) <= 80
+    for t in study.trials[1:]:
+        if t.params["NCCL_MIN_NCHANNELS"] != 1:  # the baseline's
+            assert f"NCCL_MIN_NCHANNELS={t.params['NCCL_MIN_NCHANNELS']} " in text, t.number
+    assert text.count("nccl-error") == 10  # the failure kind, above the parameters
+
+
 def test_the_summary_puts_the_best_that_study_best_chooses_first(tmp_path: Path) -> None:
     """x=0.1 was confirmed at 645 (700, then 640 and 650); x=0.2, measured once at 680, reads above
     it by less than the noise, so ``study best`` keeps 0.1 (tests/test_confirmation.py). The
