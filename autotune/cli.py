@@ -397,6 +397,7 @@ def _print_front(study: Any) -> None:
 def study_list(storage: str = StorageOpt, as_json: bool = typer.Option(False, "--json")) -> None:
     """List the studies in a storage."""
     import optuna
+    from rich import box
     from rich.table import Table
 
     from autotune.study_view import best_view, trial_views
@@ -418,12 +419,19 @@ def study_list(storage: str = StorageOpt, as_json: bool = typer.Option(False, "-
     if as_json:
         _print_json(rows)
         return
-    table = Table(title=Text(f"studies in {storage}"))
-    for col in ("study", "trials", "feasible", "infeasible", "stopped", "best", "created"):
-        table.add_column(col)
+    # The name is what other commands take: whole where it fits, wrapped where it does not,
+    # never cut; the time wraps under its date first (80 columns).
+    table = Table(title=Text(f"studies in {storage}"), box=box.HEAVY_HEAD, show_edge=False)
+    table.add_column("study", overflow="fold", min_width=min(max((len(r["study"]) for r in rows), default=5), 32))
+    for col in ("trials", "ok", "infeasible", "stopped", "best"):  # ok: measured, as the summary counts them
+        table.add_column(col, no_wrap=True)
+    table.add_column("created", min_width=10, overflow="fold")
     for r in rows:  # Text cells: a study name is never read as markup
-        table.add_row(*(Text("" if r[c] is None else f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c])) for c in
-                        ("study", "trials", "feasible", "infeasible", "stopped", "best", "created")))
+        cells = ["" if r[c] is None else f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in
+                 ("study", "trials", "feasible", "infeasible", "stopped", "best")]  # JSON's names
+        created = str(r["created"] or "")
+        when = f"{created[:10]} {created[11:16]} UTC" if created.endswith("+00:00") else created  # to the minute
+        table.add_row(*map(Text, cells), Text(when))
     _out.print(table)
 
 

@@ -149,3 +149,22 @@ def test_the_live_line_of_one_trial_fits_80_columns_whole() -> None:
     line = _LiveStatus(reporter).__rich__()
     assert line.plain.startswith("demo 3/20 done  best 634.2  total ") and line.plain.endswith("s")
     assert "trial 13 measuring 140/192 requests" in line.plain and cell_len(line.plain) <= 80, line.plain
+
+
+def test_study_list_at_80_columns_shows_each_name_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A study's name is what every other command takes: at 80 columns ``study list`` cut
+    ``sglang_nccl-1006`` to ``sglang_nccl-10…``. The name keeps its width; the creation time
+    gives way (to the minute, under its date)."""
+    from autotune import cli
+
+    storage = f"sqlite:///{tmp_path}/l.db"
+    for name in ("sglang_nccl-1006", "rtx6000-kimi-seed-1001"):
+        study = optuna.create_study(study_name=name, storage=storage, direction="maximize")
+        study.set_user_attr("created", "2026-12-05T00:34:56+00:00")
+    out = io.StringIO()
+    monkeypatch.setattr(cli, "_out", Console(file=out, width=80, force_terminal=False, color_system=None))
+    cli.study_list(storage=storage, as_json=False)
+    text = out.getvalue()
+    assert max(cell_len(line) for line in text.splitlines()) <= 80, text
+    assert "sglang_nccl-1006 " in text and "rtx6000-kimi-seed-1001 " in text and "…" not in text, text
+    assert "2026-12-05" in text and "00:34 UTC" in text and "00:34:56" not in text
