@@ -545,7 +545,8 @@ def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool 
                     isinstance(x, (int, float)) and not isinstance(x, bool) for x in v["values"])
                 shown = f"{over[0]}..{over[1]}" if numeric else ", ".join(map(str, over))
                 verdict += f" (between the values compared: {shown})"
-            head = f"  {k:{width}s}  " + (f"{v['median']:.2f} [{v['low']:.2f}, {v['high']:.2f}]  " if "median" in v else "")
+            share = f"{v['median']:.2f} [{v['low']:.2f}, {v['high']:.2f}]  " if "median" in v else ""
+            head = f"  {k:{width}s}  {share}"
             _out.print(textwrap.fill(head + verdict, width=max(_out.width, 40), subsequent_indent=" " * len(head),
                                      break_long_words=False, break_on_hyphens=False),
                        markup=False, soft_wrap=True, highlight=False)  # a long verdict wraps under itself
@@ -583,7 +584,8 @@ def study_ablate(name: str = NameArg, storage: str = StorageOpt,
     ablation.enqueue(study, run_id, runs)
     reverted = sorted({r.label.removeprefix("revert:") for r in runs if r.label.startswith("revert:")})
     _err.print(f"ablating trial {best.number} against the baseline (trial {base.number}): "
-               f"{counted(len(reverted), 'changed parameter')}, {counted(len(runs), 'trial')} ({repeats} of each run)", markup=False, soft_wrap=True)
+               f"{counted(len(reverted), 'changed parameter')}, {counted(len(runs), 'trial')} ({repeats} of each run)",
+               markup=False, soft_wrap=True)
     _run_study(cfg, len(finished_trials(study)) + waiting + len(runs), show_best=False)
     study = load_study(name, storage)
     doc = ablation.analyse(study, run_id, best, base)

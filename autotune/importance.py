@@ -132,6 +132,9 @@ distribution of it (the share of trials between them)."""
 NO_EFFECT_KNOTS = 8
 NO_EFFECT_MIN_ROWS = 5
 """Fewest trials a value compared must have (see :func:`_supported`)."""
+UNKNOWABLE = 1e300
+"""A resample's spread when it cannot estimate it (it lost every pair of some value): above any
+known one, and finite so that percentiles stay numbers."""
 RANK_TOLERANCE = 1e-9
 """Relative size below which a direction of the matched fit counts as not measured (its rank)."""
 NO_EFFECT_RESAMPLES = 100
@@ -427,11 +430,6 @@ def matched_effect(matching: _Matching, values: list[Any], y: np.ndarray, name: 
     resolution = float(np.median(np.sqrt(np.maximum(noise, 0.0) / 2.0)))
     return {"pairs": int(len(a)), "over": over, "spread": round(mid, 4), "spread_high": round(high, 4),
             "resolution": round(resolution, 4)}
-
-
-UNKNOWABLE = 1e300
-"""A resample's spread when it cannot estimate it (it lost every pair of some value): above any
-known one, and finite so that percentiles stay numbers."""
 
 
 def spread_bound(spread: np.ndarray) -> float | None:
