@@ -118,7 +118,7 @@ def test_detach_status_stop(tmp: Path) -> None:
     for _ in range(3):
         _eventually("a trial with its server launched", serving)
         stopped = autotune("study", "stop", NAME, *st, "--timeout", "60", cwd=tmp, timeout=90).stdout
-        m = re.search(rf"study {NAME} stopped: (\d+) trial\(s\) interrupted(?: \(([\d, ]+)\))?", stopped)
+        m = re.search(rf"study {NAME} stopped: (\d+) trials? interrupted(?: \(([\d, ]+)\))?", stopped)
         assert m, stopped
         numbers = [int(n) for n in (m.group(2) or "").split(", ") if n]
         assert len(numbers) == int(m.group(1)), stopped
