@@ -4,6 +4,7 @@ attributes the driver writes (``outcome``, ``feasible``, ``failure_kind``, ``app
 
 from __future__ import annotations
 
+import io
 import json
 import random
 import re
@@ -869,7 +870,8 @@ def test_a_rule_rests_on_failures_in_three_settings_of_the_other_parameters(tmp_
         assert doc["unexplained_failures"]["at_one_configuration"] == []
 
 
-def test_failures_on_the_product_of_channels_and_buffers_are_one_rule(tmp_path: Path) -> None:
+def test_failures_on_the_product_of_channels_and_buffers_are_one_rule(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """NCCL's buffers are channels x the buffer per connection: failures where that product
     does not fit (many channels at small buffers, few at large ones) are one threshold over the
     derived quantity (autotune.derived), which neither parameter alone states; ``--json`` and
@@ -897,6 +899,22 @@ def test_failures_on_the_product_of_channels_and_buffers_are_one_rule(tmp_path: 
     text = autotune("study", "explain", "buffers", "--storage", storage, cwd=tmp_path).stdout
     flat = " ".join(text.split())  # items wrap at the console's width
     assert rule["rule"] in flat and "nccl_buffers_mib: NCCL's receive buffers per peer, MiB" in flat
+    # At 80 columns an item's continuation lines are indented under it (they ran on at column 0
+    # among the headings), and a parameter's line keeps its verdict whole.
+    from rich.console import Console
+
+    from autotune import cli
+
+    out = io.StringIO()
+    monkeypatch.setattr(cli, "_out", Console(file=out, width=80, force_terminal=False, color_system=None))
+    cli.study_explain(name="buffers", storage=storage, as_json=False)
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 80, out.getvalue()
+    at = next(i for i, line in enumerate(lines) if line.startswith("    nccl_buffers_mib: NCCL's receive buffers"))
+    assert lines[at + 1].startswith("      ") and lines[at + 1].strip(), lines[at:at + 3]
+    rated = [line for line in lines if re.search(r"\d\.\d\d \[\d\.\d\d, \d\.\d\d\]", line)]
+    assert rated and all(line.startswith("  ") and line.rstrip().endswith(("effect", "uncertain", ")"))
+                         for line in rated), rated
 
 
 def test_a_probe_of_channels_at_one_configuration_is_no_derived_rule() -> None:
