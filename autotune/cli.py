@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 import sys
@@ -358,12 +359,14 @@ def _print_best(study: Any, metric: str, *, brief: bool = False) -> None:
     _print_item(f"export it: autotune export {study.study_name} --format sh -o profile.sh")
 
 
-def _print_item(text: str, indent: int = 2, style: str | None = None) -> None:
+def _print_item(text: str, indent: int = 2, *, hang: int | None = None, style: str | None = None) -> None:
     """One item of a summary, ``indent`` spaces in, wrapped to the console's width with its
-    continuation lines indented two further (an 80-column terminal wrapped a parameter line back
-    to column 0). Printed as text: names and values are user data, never rich markup."""
+    continuation lines indented ``hang`` spaces (default: two further; an 80-column terminal
+    wrapped a parameter line back to column 0). Printed as text: names and values are user data,
+    never rich markup."""
     _out.print(textwrap.fill(text, width=max(_out.width, 40), initial_indent=" " * indent,
-                             subsequent_indent=" " * (indent + 2), break_long_words=False, break_on_hyphens=False),
+                             subsequent_indent=" " * (indent + 2 if hang is None else hang),
+                             break_long_words=False, break_on_hyphens=False),
                markup=False, soft_wrap=True, style=style, highlight=False)
 
 
@@ -397,9 +400,8 @@ def _print_front(study: Any) -> None:
 def study_list(storage: str = StorageOpt, as_json: bool = typer.Option(False, "--json")) -> None:
     """List the studies in a storage."""
     import optuna
-    from rich import box
-    from rich.table import Table
 
+    from autotune.progress import console_table
     from autotune.study_view import best_view, trial_views
 
     # A missing SQLite file lists no study and is not created.
@@ -421,7 +423,7 @@ def study_list(storage: str = StorageOpt, as_json: bool = typer.Option(False, "-
         return
     # The name is what other commands take: whole where it fits, wrapped where it does not,
     # never cut; the time wraps under its date first (80 columns).
-    table = Table(title=Text(f"studies in {storage}"), box=box.HEAVY_HEAD, show_edge=False)
+    table = console_table(f"studies in {storage}")
     table.add_column("study", overflow="fold", min_width=min(max((len(r["study"]) for r in rows), default=5), 32))
     for col in ("trials", "ok", "infeasible", "stopped", "best"):  # ok: measured, as the summary counts them
         table.add_column(col, no_wrap=True)
@@ -429,10 +431,20 @@ def study_list(storage: str = StorageOpt, as_json: bool = typer.Option(False, "-
     for r in rows:  # Text cells: a study name is never read as markup
         cells = ["" if r[c] is None else f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in
                  ("study", "trials", "feasible", "infeasible", "stopped", "best")]  # JSON's names
-        created = str(r["created"] or "")
-        when = f"{created[:10]} {created[11:16]} UTC" if created.endswith("+00:00") else created  # to the minute
-        table.add_row(*map(Text, cells), Text(when))
+        table.add_row(*map(Text, cells), Text(_minute_utc(r["created"])))
     _out.print(table)
+
+
+def _minute_utc(stamp: Any) -> str:
+    """An ISO time (as the driver stores ``created``) to the minute in UTC, ``2026-12-05 00:34 UTC``;
+    anything else as it is."""
+    try:
+        when = datetime.datetime.fromisoformat(str(stamp))
+    except ValueError:
+        return "" if stamp is None else str(stamp)
+    if when.tzinfo is not None:
+        when = when.astimezone(datetime.timezone.utc)
+    return when.strftime("%Y-%m-%d %H:%M") + (" UTC" if when.tzinfo is not None else "")
 
 
 @study_app.command("show")
@@ -546,10 +558,8 @@ def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool 
                 shown = f"{over[0]}..{over[1]}" if numeric else ", ".join(map(str, over))
                 verdict += f" (between the values compared: {shown})"
             share = f"{v['median']:.2f} [{v['low']:.2f}, {v['high']:.2f}]  " if "median" in v else ""
-            head = f"  {k:{width}s}  {share}"
-            _out.print(textwrap.fill(head + verdict, width=max(_out.width, 40), subsequent_indent=" " * len(head),
-                                     break_long_words=False, break_on_hyphens=False),
-                       markup=False, soft_wrap=True, highlight=False)  # a long verdict wraps under itself
+            line = f"{k:{width}s}  {share}"
+            _print_item(line + verdict, hang=2 + len(line))  # a long verdict wraps under itself
         if bounded:
             need = f"{100 * part['no_effect_spread']:g} % of the mean" if relative else f"{part['no_effect_spread']:g}"
             _print_item(f"(spread <= x: its effect over the values compared, in pairs of trials alike in the "

@@ -182,6 +182,13 @@ def shorten(text: str, limit: int) -> str:
     return f"{flat[:head]} ... {flat[-tail:]}"
 
 
+def console_table(title: str, **options: Any) -> Table:
+    """A table as autotune prints them: a heavy rule under the header and no outer frame (two
+    lines and two columns fewer, which an 80x24 terminal needs); ``options`` go to rich's
+    :class:`~rich.table.Table`. The title is text, never markup."""
+    return Table(title=Text(title), box=box.HEAVY_HEAD, show_edge=False, **options)
+
+
 def top_table(views: list[TrialView], metric: str, maximize: bool = True, top: int = TOP_TRIALS) -> Table:
     """The baseline and the ``top`` best configurations, each by its figure (a configuration
     measured again is the mean of its runs after the first, and shows every trial that measured
@@ -206,9 +213,8 @@ def top_table(views: list[TrialView], metric: str, maximize: bool = True, top: i
     sign = 1.0 if maximize else -1.0
     if rows and any(sign * (m.mean - rows[0].mean) > 0 for m in rows[1:]):
         notes.append("first: the best (study best); a single run above it is within the noise")
-    # No outer frame: two lines fewer, so the summary and the best fit an 80x24 screen.
-    table = Table(title=Text(f"best configurations ({metric})"), expand=False, box=box.HEAVY_HEAD, show_edge=False,
-                  caption=Text("\n".join(notes)) if notes else None)
+    table = console_table(f"best configurations ({metric})", expand=False,
+                          caption=Text("\n".join(notes)) if notes else None)
     table.add_column("#", no_wrap=True)
     table.add_column("value", justify="right", no_wrap=True)
     table.add_column("vs base", justify="right", no_wrap=True)
@@ -247,13 +253,14 @@ def summary_table(views: list[TrialView], metric: str, maximize: bool = True, *,
     (:func:`~autotune.study_view.best_of`) are in green.
 
     One column for failure and parameters, and no outer frame: at 80 columns the parameters got
-    17 and broke every name in two. Now they get the width the rest leaves (36 at 80).
+    17 and broke every name in two. Now they get the width the rest leaves (34-35 characters at
+    80, by the widths of the number and time columns).
 
     A multi-objective study (``goals``: two or more): one value column per objective, the trials
     on the Pareto front (``front``) marked, the ``chosen`` one in green."""
     multi = len(goals) > 1
     heading = ", ".join(f"{g.direction} {g.metric}" for g in goals) if multi else metric
-    table = Table(title=Text(f"{title} ({heading})"), show_lines=False, box=box.HEAVY_HEAD, show_edge=False)
+    table = console_table(f"{title} ({heading})")
     value_columns = [g.metric for g in goals] if multi else ["value"]
     table.add_column("#", overflow="fold")
     for col in ("outcome", *value_columns):

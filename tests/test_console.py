@@ -77,7 +77,8 @@ def test_the_summary_and_the_best_fit_an_80x24_screen(tmp_path: Path, monkeypatc
 def test_study_show_at_80_columns_keeps_each_parameter_whole(tmp_path: Path) -> None:
     """``study show``'s table of every trial: at 80 columns its parameters column was 17 wide and
     broke every ``NAME=value`` in two. Failure and parameters share one column that takes the
-    width the rest leaves, so each setting of up to 36 characters stays on one line."""
+    width the rest leaves, so each setting of up to 34 characters (the width left here) stays on
+    one line."""
     from autotune.progress import summary_table
     from autotune.study_view import trial_views
 
