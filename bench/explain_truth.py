@@ -86,7 +86,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune.analysis import MIN_SUPPORT, MONOTONE_ATTR, explain
 from autotune.crash_rules import Condition
@@ -391,6 +391,16 @@ class Behaviour:
     """A setting whose failures the engine's error names: one failure that names it shows the
     behaviour (``explain`` states a rule from it, :mod:`autotune.crash_rules` step 0)."""
 
+    def showing(self, d: Design, trials: list[FrozenTrial]) -> list[FrozenTrial]:
+        """The failed ``trials`` that show the behaviour."""
+        return [t for t in trials if t.user_attrs.get("failure_kind")
+                and self.shown(d, t.user_attrs["applied"], t.user_attrs["failure_kind"])]
+
+
+def finished_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """The trials ``explain`` reads: measured (COMPLETE) or failed or stopped (PRUNED)."""
+    return [t for t in study.get_trials(deepcopy=False) if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+
 
 BEHAVIOURS = (
     Behaviour("Tree crashes: `NCCL_ALGO=Tree -> nccl-error`",
@@ -449,7 +459,7 @@ def score_study(sc: Score, d: Design, study: optuna.Study, seed: int) -> dict[st
     doc = explain(study)
     took = time.perf_counter() - t0
     sc.explain_s.append(took)
-    finished = [t for t in study.get_trials(deepcopy=False) if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    finished = finished_trials(study)
     bases = [dict(t.user_attrs["applied"]) for t in finished]
     feasible = [dict(t.user_attrs["applied"]) for t in finished if t.user_attrs.get("feasible")]
     verdict = _verdict(doc)
@@ -494,8 +504,7 @@ def score_study(sc: Score, d: Design, study: optuna.Study, seed: int) -> dict[st
     for b in BEHAVIOURS:
         # a rule is of one failure kind: the behaviour is shown when MIN_SUPPORT failures of one kind
         # show it, or one whose error names the setting
-        showing = [t for t in finished if t.user_attrs.get("failure_kind")
-                   and b.shown(d, t.user_attrs["applied"], t.user_attrs["failure_kind"])]
+        showing = b.showing(d, finished)
         shows = Counter(t.user_attrs["failure_kind"] for t in showing)
         named = b.named is not None and any(names_choice(str(t.user_attrs.get("failure_message") or ""), *b.named)
                                             for t in showing)
