@@ -43,10 +43,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from explain_truth import BEHAVIOURS, designs, finished_trials, rule_truth, run_study  # noqa: E402
+from explain_truth import BEHAVIOURS, designs, rule_truth, run_study  # noqa: E402
 
 from autotune.crash_rules import ALPHA_WITHIN, MIN_PAIR_SUPPORT, hypergeom_tail  # noqa: E402
 from autotune.derived import DERIVED, derived_value  # noqa: E402
+from autotune.driver import finished_trials  # noqa: E402
 
 
 @dataclass(frozen=True)

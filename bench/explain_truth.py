@@ -92,7 +92,7 @@ from autotune.analysis import MIN_SUPPORT, MONOTONE_ATTR, explain
 from autotune.crash_rules import Condition
 from autotune.demo import DEMO_CONFIG
 from autotune.derived import derived_inputs
-from autotune.driver import make_sampler
+from autotune.driver import finished_trials, make_sampler
 from autotune.failures import names_choice
 from autotune.importance import NO_EFFECT_SPREAD
 from autotune.load_signals import ATTR as SIGNALS_ATTR
@@ -395,11 +395,6 @@ class Behaviour:
         """The failed ``trials`` that show the behaviour."""
         return [t for t in trials if t.user_attrs.get("failure_kind")
                 and self.shown(d, t.user_attrs["applied"], t.user_attrs["failure_kind"])]
-
-
-def finished_trials(study: optuna.Study) -> list[FrozenTrial]:
-    """The trials ``explain`` reads: measured (COMPLETE) or failed or stopped (PRUNED)."""
-    return [t for t in study.get_trials(deepcopy=False) if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
 
 
 BEHAVIOURS = (
