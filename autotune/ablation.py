@@ -24,7 +24,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune._stats import t95
 from autotune.errors import UsageError
-from autotune.study_view import best_view, view
+from autotune.study_view import best_view
+from autotune.record import Outcome, is_feasible_measurement, read
 
 ABLATION_ATTR = "ablation"
 """Trial user attr ``{"run", "label"}`` of an ablation run; study user attr: the last analysis."""
@@ -41,7 +42,7 @@ class Run:
 
 def _baseline_trial(study: optuna.Study) -> FrozenTrial:
     feasible = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if t.user_attrs.get("baseline") and t.user_attrs.get("feasible")]
+                if t.user_attrs.get("baseline") and is_feasible_measurement(t)]
     if not feasible:
         raise UsageError(f"study '{study.study_name}' has no measured baseline trial to ablate against")
     return feasible[0]
@@ -111,22 +112,21 @@ def analyse(study: optuna.Study, run_id: str, best: FrozenTrial, base: FrozenTri
             groups.setdefault(str(tag.get("label")), []).append(t)
 
     def values(label: str) -> list[float]:
-        return [float(t.value) for t in groups.get(label, []) if t.state == TrialState.COMPLETE  # type: ignore[arg-type]
-                and t.user_attrs.get("feasible")]
+        return [float(t.value) for t in groups.get(label, []) if is_feasible_measurement(t)]  # type: ignore[arg-type]
 
     best_v, base_v = values("best"), values("baseline")
     if not best_v or not base_v:
         raise UsageError("the ablation did not measure both the baseline and the best configuration "
                          "(see `autotune study show`)")
     gain = statistics.fmean(best_v) - statistics.fmean(base_v)
-    bv, zv = view(best), view(base)
+    bv, zv = read(best), read(base)
     rows = []
     for label, trials in groups.items():
         if not label.startswith("revert:"):
             continue
         name = label.removeprefix("revert:")
         got = values(label)
-        failed = [t.user_attrs.get("failure_kind") or "?" for t in trials if not t.user_attrs.get("feasible")]
+        failed = [str(r.failure_kind or r.outcome) for r in map(read, trials) if r.outcome is not Outcome.OK]
         row: dict[str, Any] = {"parameter": name, "best": best.params.get(name), "baseline": base.params.get(name),
                                "trials": [t.number for t in trials], "measured": len(got), "failed": failed}
         if got:

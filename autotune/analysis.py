@@ -28,16 +28,17 @@ from optuna.trial import TrialState
 
 from autotune.crash_rules import MIN_SUPPORT, failure_rules, finished, is_number, rule_settings
 from autotune.importance import importance, importance_of
-from autotune.study_view import TrialView, objectives, view
+from autotune.study_view import objectives
+from autotune.record import TrialRecord, read
 
 MONOTONE_ATTR = "space_monotone"
 """The study user attr with the search space's ``monotone:`` declarations (the driver writes it)."""
 
 
 # -- the document --------------------------------------------------------------------------------
-def analysed_views(study: optuna.Study) -> list[TrialView]:
+def analysed_views(study: optuna.Study) -> list[TrialRecord]:
     """The trials the analysis reads: all but ablation runs and trials still waiting in the queue."""
-    return [view(t) for t in study.get_trials(deepcopy=False)
+    return [read(t) for t in study.get_trials(deepcopy=False)
             if not t.user_attrs.get("ablation") and t.state != TrialState.WAITING]
 
 

@@ -61,7 +61,8 @@ from autotune.runner import TrialResult, TrialSpec
 from autotune.sim.scenario import Noise, Scenario, ScenarioError, list_scenarios, load_scenario
 from autotune.space import Parameter, ParamValue, SearchSpace
 from autotune.strategies import STRATEGIES, strategy
-from autotune.study_view import TrialView, best_of, view
+from autotune.study_view import best_of
+from autotune.record import TrialRecord, read
 
 CHECKPOINTS = (10, 20, 40)
 """Trial counts after which best / optimum is reported."""
@@ -377,7 +378,8 @@ class _Clock(QuietReporter):
     def study_started(self, name: str, done: int, budget: int | None) -> None:
         self.start = time.perf_counter()
 
-    def trial_finished(self, result: TrialResult, value: float | None, best: float | None) -> None:
+    def trial_finished(self, result: TrialResult, value: float | None, best: float | None,
+                       moved: str | None = None) -> None:
         self.marks.append(time.perf_counter() - self.executor.model_s)
 
 
@@ -429,7 +431,7 @@ def _trace(task: StudyTask, trials: Sequence[optuna.trial.FrozenTrial], ex: Mode
     ev = _evaluator(task.setup)
     trace = StudyTrace(task.setup.scenario_name, task.strategy, task.seed)
     costs = {c.number: c for c in ex.costs}
-    seen: list[TrialView] = []
+    seen: list[TrialRecord] = []
     best_true = 0.0
     best = None
     for t in trials:
@@ -444,7 +446,7 @@ def _trace(task: StudyTask, trials: Sequence[optuna.trial.FrozenTrial], ex: Mode
         trace.kinds.append(cost.kind)
         trace.confirmations += int("confirms" in t.user_attrs)
         if t.user_attrs.get("outcome") == "ok" and t.value is not None:
-            seen.append(view(t))
+            seen.append(read(t))
             best = best_of(seen, ev.maximize)
             assert best is not None
             best_true = _ratio(ev.value(best.params), task.optimum, ev.maximize)

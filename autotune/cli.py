@@ -21,6 +21,8 @@ from autotune._text import counted
 from autotune.config import DEFAULT_STORAGE, StudyConfig
 from autotune.errors import ConfigError, UsageError
 from autotune.export import DEFAULT_MEMORY_MARGIN
+from autotune.record import Outcome, counts, objective_metric
+from autotune.units import unit_of, with_unit
 from autotune.storage import check_storage, has_studies, open_storage
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -247,6 +249,7 @@ def _run_study(cfg: StudyConfig, trials: int | None, *, show_best: bool = True) 
     from autotune.storage import artifact_dir
     from autotune.executors import Executor, SerialExecutor, make_hosts, make_runner
     from autotune.objective import Objective
+    from autotune.preflight import preflight
     from autotune.progress import ConsoleReporter
     from autotune.slots import host_slots
     from autotune.space import SearchSpace
@@ -264,6 +267,7 @@ def _run_study(cfg: StudyConfig, trials: int | None, *, show_best: bool = True) 
     public = space.applied_names()
     target = cfg.target
     hosts = make_hosts(target, child_umask=_USER_UMASK)
+    preflight(cfg, hosts)  # an engine that cannot start at all: one line, exit 2, before any trial
     executor: Executor
     if cfg.executor == "ray":
         from autotune.ray_executor import RayExecutor
@@ -341,14 +345,14 @@ def _print_best(study: Any, metric: str, *, brief: bool = False) -> None:
     if best.baseline:
         vs = " (the baseline)"
     elif base and base[0].value:
-        vs = f" ({best.value / base[0].value:.2f}x the baseline's {base[0].value:.4g})"  # type: ignore[operator]
+        vs = f" ({best.value / base[0].value:.2f}x the baseline's {with_unit(base[0].value, metric)})"  # type: ignore[operator]
     # Names and values are user data: printed as text, never read as rich markup.
-    _out.print(f"best: trial {best.number} {metric}={best.value:.4g}{vs}", markup=False)
+    _out.print(f"best: trial {best.number} {metric}={with_unit(best.value, metric)}{vs}", markup=False)
     m = best.measured
     if m is not None and m.first_excluded:
         _print_item(backing_text(m))
         if not brief:
-            _print_item(f"its first run (trial {m.trials[0]}: {m.values[0]:.4g}) is left out: the run that made it "
+            _print_item(f"its first run (trial {m.trials[0]}: {with_unit(m.values[0], metric)}) is left out: the run that made it "
                         "a candidate reads high")
     elif m is not None:
         _print_item("1 measurement, no interval (the study did not measure it again)")
@@ -412,11 +416,13 @@ def study_list(storage: str = StorageOpt, as_json: bool = typer.Option(False, "-
         study = optuna.load_study(study_name=s.study_name, storage=rdb)
         views = trial_views(study)
         best = best_view(study)
+        by = counts(views)
+        metric = objective_metric(study)
         rows.append({"study": s.study_name, "trials": len(views),
-                     "feasible": sum(v.value is not None for v in views),
-                     "infeasible": sum(v.outcome == "infeasible" for v in views),
-                     "stopped": sum(v.outcome == "stopped" for v in views),
-                     "best": None if best is None else best.value,
+                     "feasible": by[Outcome.OK], "infeasible": by[Outcome.INFEASIBLE], "stopped": by[Outcome.STOPPED],
+                     "fault": by[Outcome.FAULT], "outcomes": {str(o): n for o, n in by.items()},
+                     "best": None if best is None else best.value, "best_trial": None if best is None else best.number,
+                     "metric": metric, "unit": unit_of(metric),
                      "created": s.user_attrs.get("created")})
     if as_json:
         _print_json(rows)
@@ -430,7 +436,8 @@ def study_list(storage: str = StorageOpt, as_json: bool = typer.Option(False, "-
     table.add_column("created", min_width=10, overflow="fold")
     for r in rows:  # Text cells: a study name is never read as markup
         cells = ["" if r[c] is None else f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in
-                 ("study", "trials", "feasible", "infeasible", "stopped", "best")]  # JSON's names
+                 ("study", "trials", "feasible", "infeasible", "stopped")]  # JSON's names
+        cells.append("" if r["best"] is None else f"{with_unit(r['best'], r['metric'])} (#{r['best_trial']})")
         table.add_row(*map(Text, cells), Text(_minute_utc(r["created"])))
     _out.print(table)
 
@@ -472,10 +479,10 @@ def study_show(name: str = NameArg, storage: str = StorageOpt, as_json: bool = t
     if excerpts:
         for v in views:
             if v.failure:
-                _out.rule(Text(f"trial {v.number}: {v.failure['kind']}"))
-                _out.print(v.failure.get("message") or "", markup=False, highlight=False)
-                if v.failure.get("excerpt"):
-                    _out.print(v.failure["excerpt"], markup=False, highlight=False, style="dim")
+                _out.rule(Text(f"trial {v.number}: {v.failure.kind}"))
+                _out.print(v.failure.message, markup=False, highlight=False)
+                if v.failure.excerpt:
+                    _out.print(v.failure.excerpt, markup=False, highlight=False, style="dim")
 
 
 @study_app.command("best", short_help="The best feasible trial of a study (multi-objective: its Pareto front and pick).")

@@ -123,6 +123,9 @@ class TargetConfig(BaseModel):
     startup_timeout_factor: float = Field(default=3.0, ge=1)
     startup_timeout_floor_s: float = Field(default=120.0, gt=0)
     log_stall_s: float | None = Field(default=300.0, gt=0)
+    gpu_busy_wait_s: float = Field(default=60.0, ge=0, le=3600)
+    """How long a launch waits for processes autotune did not start to release the trial's GPUs
+    before a ``gpu-busy`` fault (:mod:`autotune.gpu_check`)."""
     ready_path: str | None = None
     api: Literal["openai", "sglang"] | None = None
     port: int | None = Field(default=None, ge=1024, le=65535)

@@ -1,6 +1,6 @@
 """Which values crash: the crash rules of a study, a minimal explanation of its failures.
 
-:func:`failure_rules` reads the trials (:class:`autotune.study_view.TrialView`) and returns a
+:func:`failure_rules` reads the trials (:class:`autotune.study_view.TrialRecord`) and returns a
 :class:`RuleReport`; ``autotune study explain`` prints it (:mod:`autotune.analysis`), the default
 sampler avoids the regions where every trial a rule covers failed (:mod:`autotune.samplers`).
 
@@ -160,7 +160,7 @@ import numpy as np
 
 from autotune.derived import DERIVED, derived_inputs, derived_value, derived_values
 from autotune.failures import MEMORY_KINDS, names_choice
-from autotune.study_view import TrialView
+from autotune.record import TrialRecord
 
 MIN_SUPPORT = 3
 """Fewest failures a crash rule rests on..."""
@@ -338,7 +338,7 @@ def is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
 
 
-def _numbers(rows: Sequence[TrialView], name: str) -> np.ndarray:
+def _numbers(rows: Sequence[TrialRecord], name: str) -> np.ndarray:
     """Each row's value of ``name`` as a float; NaN where it is missing or not a number."""
     return np.array([float(x) if is_number(x := v.params.get(name)) else np.nan for v in rows])
 
@@ -350,7 +350,7 @@ def show_value(x: Any) -> str:
     return str(x)
 
 
-def _crashed(v: TrialView) -> bool:
+def _crashed(v: TrialRecord) -> bool:
     return v.outcome == "infeasible" and (v.failure_kind or "") not in NOT_A_CRASH
 
 
@@ -358,13 +358,13 @@ MEASURED = ("ok", "stopped")
 """Outcomes of a configuration that ran: measured to the end, or until it could not win."""
 
 
-def finished(views: Sequence[TrialView]) -> list[TrialView]:
+def finished(views: Sequence[TrialRecord]) -> list[TrialRecord]:
     """The measured (``ok``, and ``stopped``: a load stopped early ran fine) and failed
     (``infeasible``) trials: what the analysis reads."""
     return [v for v in views if v.outcome in (*MEASURED, "infeasible")]
 
 
-def candidate_conditions(rows: Sequence[TrialView]) -> tuple[list[Condition], np.ndarray]:
+def candidate_conditions(rows: Sequence[TrialRecord]) -> tuple[list[Condition], np.ndarray]:
     """Every condition worth testing, and which rows each holds in (a conditions x rows matrix).
 
     Numeric parameters (every value a number): ``P >= x`` and ``P <= x`` at each observed ``x``
@@ -457,8 +457,29 @@ def tail_table(population: int, successes: int) -> np.ndarray:
 
 
 def stage(kind: str) -> int:
-    """Where in a trial a failure of ``kind`` happens (:data:`STAGES`)."""
-    return STAGES.get(kind, START_UP)
+    """Where in a trial a failure of ``kind`` happens (:data:`STAGES`; a kind seen under load,
+    :func:`rule_kind`, is at the last stage)."""
+    return STAGES["crash-under-load"] if kind.endswith(UNDER_LOAD) else STAGES.get(kind, START_UP)
+
+
+UNDER_LOAD = " under load"
+
+
+def rule_kind(v: TrialRecord) -> str:
+    """The kind a rule states for a failed trial: its failure kind, ``oom under load`` where an
+    engine error of that kind happened under load (a limit other than start-up's)."""
+    f = v.failure
+    if f is None:
+        return "?"
+    kind = str(f.kind)
+    if f.phase == "load" and kind not in STAGES:
+        return kind + UNDER_LOAD
+    return kind
+
+
+def base_kind(kind: str) -> str:
+    """The failure kind of a rule's kind (``oom under load`` -> ``oom``)."""
+    return kind.removesuffix(UNDER_LOAD)
 
 
 def rule_settings() -> dict[str, Any]:
@@ -483,7 +504,7 @@ class _Settings:
     they lost Tree rules on the explain bench, whose failures are probes of successive best
     trials, a parameter apart; docs/BENCHMARKS.md.)"""
 
-    def __init__(self, rows: Sequence[TrialView]) -> None:
+    def __init__(self, rows: Sequence[TrialRecord]) -> None:
         self.names = sorted({k for v in rows for k in v.params if k not in DERIVED})  # derived: functions of these
         columns = []
         for name in self.names:
@@ -792,7 +813,7 @@ class _Cover:
         return chosen
 
 
-def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str, str]] | None = None,
+def failure_rules(views: Sequence[TrialRecord], monotone: Mapping[str, Mapping[str, str]] | None = None,
                   bounds: Mapping[str, tuple[float, float]] | None = None) -> RuleReport:
     """The crash rules of the finished trials ``views`` (see the module docstring); ``monotone``:
     the search space's declarations (parameter -> {failure kind: "up" | "down"}), and ``bounds``:
@@ -802,7 +823,7 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
     rows = [replace(v, params={**v.params, **derived_values(v.params, v.env)}) for v in finished(views)]
     n = len(rows)
     crashed = np.array([_crashed(v) for v in rows], dtype=bool)
-    kinds_of = np.array([(v.failure_kind or "?") if c else "" for v, c in zip(rows, crashed)], dtype=object)
+    kinds_of = np.array([rule_kind(v) if c else "" for v, c in zip(rows, crashed)], dtype=object)
     stage_of = np.array([stage(k) if k else -1 for k in kinds_of])
     kinds = sorted({k for k in kinds_of if k})
     conds, masks = candidate_conditions(rows)
@@ -837,10 +858,10 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
         """Per condition, whether a rule of ``kind`` on it may rest on fewer failures than
         ``MIN_BOUNDARY_SUPPORT``: any, but for a memory kind, where it must be a threshold the
         way the space declares its parameter monotone for the kind (step 2)."""
-        if kind not in MEMORY_KINDS:
+        if base_kind(kind) not in MEMORY_KINDS:
             return None
         way = {"up": ">=", "down": "<="}
-        return np.array([c.op == way.get(monotone.get(c.param, {}).get(kind, ""), "") for c in conds], dtype=bool)
+        return np.array([c.op == way.get(monotone.get(c.param, {}).get(base_kind(kind), ""), "") for c in conds], dtype=bool)
 
     def beyond(kind: str) -> np.ndarray | None:
         """Per threshold condition, its rows that failed with another kind at the same stage at a
@@ -929,7 +950,7 @@ def failure_rules(views: Sequence[TrialView], monotone: Mapping[str, Mapping[str
     return RuleReport(rules=rules, unexplained=unexplained, finished=n, at_one_configuration=local)
 
 
-def named_rules(rows: Sequence[TrialView], kinds_of: np.ndarray, weights: Callable[[str, np.ndarray], np.ndarray],
+def named_rules(rows: Sequence[TrialRecord], kinds_of: np.ndarray, weights: Callable[[str, np.ndarray], np.ndarray],
                 conds: Sequence[Condition], masks: np.ndarray) -> dict[str, list[int]]:
     """Per failure kind, the conditions (indices into ``conds``) that are rules because a failure's
     message names them (the module docstring, step 0), most failures first: ``P=v`` on a value
@@ -938,12 +959,12 @@ def named_rules(rows: Sequence[TrialView], kinds_of: np.ndarray, weights: Callab
     trial that ran, or failed later in a trial). Each named failure goes to one rule."""
     nothing = np.zeros(len(rows), dtype=bool)
     out: dict[str, list[int]] = {}
-    for kind in sorted({k for k in kinds_of if k and k not in MEMORY_KINDS}):
+    for kind in sorted({k for k in kinds_of if k and base_kind(k) not in MEMORY_KINDS}):
         fail = kinds_of == kind
         against = (weights(kind, nothing) >= 1.0) & ~fail
         cands = [i for i, c in enumerate(conds)
                  if c.op == "=" and not is_number(c.value) and not isinstance(c.value, bool) and not (masks[i] & against).any()
-                 and any(names_choice(str((rows[r].failure or {}).get("message") or ""), c.param, c.value)
+                 and any(names_choice((rows[r].failure.message if rows[r].failure else ""), c.param, c.value)
                          for r in np.flatnonzero(masks[i] & fail))]
         left = fail.copy()
         for i in sorted(cands, key=lambda i: (-int((masks[i] & fail).sum()), i)):
@@ -953,7 +974,7 @@ def named_rules(rows: Sequence[TrialView], kinds_of: np.ndarray, weights: Callab
     return out
 
 
-def at_one_configuration(rows: Sequence[TrialView], left: np.ndarray, ran: np.ndarray, kind: str,
+def at_one_configuration(rows: Sequence[TrialRecord], left: np.ndarray, ran: np.ndarray, kind: str,
                          settings: _Settings) -> list[OneConfiguration]:
     """Of the ``left`` rows (failures of ``kind`` no rule explains), the groups of at least
     ``MIN_SUPPORT`` at one setting of every parameter but one, largest first, no row in two;
@@ -988,7 +1009,7 @@ def _distinct(values: Any) -> list[Any]:
     return sorted(out, key=lambda v: (0, float(v)) if is_number(v) else (1, 0.0))
 
 
-def rule_reach(rows: Sequence[TrialView], reached: np.ndarray, judged: np.ndarray, conditions: Sequence[Condition],
+def rule_reach(rows: Sequence[TrialRecord], reached: np.ndarray, judged: np.ndarray, conditions: Sequence[Condition],
                kind: str, *, monotone: Mapping[str, Mapping[str, str]],
                bounds: Mapping[str, tuple[float, float]]) -> list[Condition]:
     """How far a rule of ``kind`` was shown along its own thresholds: for each ``P >= lo`` of
@@ -1000,7 +1021,7 @@ def rule_reach(rows: Sequence[TrialView], reached: np.ndarray, judged: np.ndarra
     monotone for ``kind`` in the threshold's direction: by the declaration, the failures go on."""
     out: list[Condition] = []
     for c in conditions:
-        if c.op not in (">=", "<=") or monotone.get(c.param, {}).get(kind) == ("up" if c.op == ">=" else "down"):
+        if c.op not in (">=", "<=") or monotone.get(c.param, {}).get(base_kind(kind)) == ("up" if c.op == ">=" else "down"):
             continue
         seen = [x for x in (v.params.get(c.param) for v, r in zip(rows, reached) if r) if is_number(x)]
         every = [x for x in (v.params.get(c.param) for v, j in zip(rows, judged) if j) if is_number(x)]
@@ -1014,7 +1035,7 @@ def rule_reach(rows: Sequence[TrialView], reached: np.ndarray, judged: np.ndarra
     return out
 
 
-def rule_scope(rows: Sequence[TrialView], judged: np.ndarray, kind: str, *, idx_params: set[str],
+def rule_scope(rows: Sequence[TrialRecord], judged: np.ndarray, kind: str, *, idx_params: set[str],
                monotone: Mapping[str, Mapping[str, str]]) -> list[Condition]:
     """The scope of a rule of ``kind`` judged on the ``judged`` rows: for each parameter the space
     declares monotone for ``kind`` (not one of the rule's own, ``idx_params``), ``P >= lo`` when

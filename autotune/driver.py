@@ -1,40 +1,22 @@
-"""The ask/tell loop: baseline first, budget, resume, constraints, faults.
+"""The ask/tell loop: baseline first, budget, resume, faults.
 
-Only the driver talks to the Optuna storage. Each trial is asked, its parameters turned into a
-launch by the search space, run by the executor (which returns a plain ``TrialResult``), and told:
-
-- ok: COMPLETE with the objective value (a multi-objective study: every objective's value, in
-  order); constraints <= 0.
-- stopped (measured until its load could not beat the value to beat: :mod:`autotune.early_stop`;
-  the driver hands each trial but the baseline and ablation runs
-  :func:`~autotune.early_stop.value_to_beat` in its spec, the value a trial must beat to be one
-  of TPE's good trials): not infeasible (constraints <= 0), its projected values reported as
-  intermediate values and told PRUNED, which TPE ranks below every complete trial and above every
-  infeasible one (with the GP sampler, COMPLETE at its last projected value). It counts against
-  the budget, has no value and is never the best (user attr ``feasible`` is false: it has no
-  final value).
-- infeasible (the configuration's fault): constraint ``failure`` > 0 (or an SLO constraint > 0).
-  With TPE it is told PRUNED (TPE ranks it below every feasible trial); with the GP sampler
-  COMPLETE with every constraint key present, as each sampler needs to learn from it.
-- fault (the infrastructure's fault): FAIL, which teaches no sampler anything, and the same
-  parameters are enqueued again (up to ``max_fault_retries`` times); after 3 faults in a row the
-  study stops, since the host is broken.
-
-Every trial carries ``outcome``, ``failure_kind``, ``failure_excerpt``, ``metrics``, ``applied``,
-``env``, ``argv`` and ``feasible`` in its user_attrs (the dashboard shows user_attrs, not
-constraints), and its server log as an artifact.
+Only the driver talks to the Optuna storage, and only through :mod:`autotune.record`. Each trial
+is asked, its parameters turned into a launch by the search space, run by the executor (which
+returns a plain ``TrialResult``), recorded and told (:func:`autotune.record.tell`): ``ok`` and
+``infeasible`` COMPLETE (an infeasible one with constraint ``failure`` > 0), ``stopped`` PRUNED,
+``fault`` FAIL and its parameters enqueued again (up to ``max_fault_retries`` times; a slot is
+quarantined after repeated faults, and the study stops when none is left). A failure no
+configuration can avoid (the engine or the model missing) stops the study with a
+:class:`~autotune.errors.UsageError`.
 
 One study, one owner: the driver takes the study's lease (:mod:`autotune.lease`) before it writes
-anything, and a second driver on a live study is refused. A study started again with the same
-name continues: RUNNING trials of a dead owner are failed (``fault``/``interrupted``), whatever
-they left running is killed (on the host each recorded), and their parameters are enqueued
-again. A teardown that could not reach a remote host leaves a server behind: its tag is kept in
-the study's ``servers_left`` attribute until a driver reaches the host and kills it (before each
-trial, and on resume). A signal stops the study after the running trial is torn down
-(:mod:`autotune.stopping`); that trial is recorded as ``fault``/``interrupted`` and enqueued
-again, so an interrupted baseline runs again too. A seeded
-study's sampler is seeded from the seed and the number of trials so far, so a resumed study
-continues its search instead of replaying it, and stays reproducible.
+anything. A study started again continues: RUNNING trials of a dead owner are failed
+(``fault``/``interrupted``), whatever they left running is killed, and their parameters enqueued
+again. A server a teardown could not reach is kept in the study's ``servers_left`` attribute until
+a driver reaches its host and kills it. A signal stops the study after the running trial is torn
+down (:mod:`autotune.stopping`); that trial is recorded as ``fault``/``interrupted`` and enqueued
+again. A seeded study's sampler is seeded from the seed and the number of trials so far
+(:func:`derived_seed`).
 """
 
 from __future__ import annotations
@@ -59,7 +41,7 @@ from autotune.engines import get_preset
 from autotune.early_stop import applies as early_stop_applies, value_to_beat
 from autotune.errors import UsageError
 from autotune.executors import Executor, host_for
-from autotune.implied import MAX_SKIPS_IN_A_ROW, SKIPPED, Implication, implied_failure
+from autotune.implied import MAX_SKIPS_IN_A_ROW, Implication, implied_failure
 from autotune.hosts import (
     MIN_FREE_BYTES,
     Host,
@@ -68,7 +50,7 @@ from autotune.hosts import (
 )
 from autotune.lease import StudyLease
 from autotune.load_signals import ATTR as SIGNALS_ATTR
-from autotune.notes import mirror_constraints, write_trial_note
+from autotune.notes import write_trial_note
 from autotune.objective import Objective
 from autotune.provenance import host_facts, runner_for
 from autotune.runner import TrialResult, TrialSpec
@@ -78,9 +60,12 @@ from autotune.slots import Slot, SlotPool
 from autotune.space import SearchSpace
 from autotune.stopping import StopRequest, handle_signals
 from autotune.storage import artifact_dir, check_storage, open_storage
-from autotune.study_view import PROPOSED_ATTR, best_view, measured_configs, proposal_text, trial_views, view
+from autotune import record
+from autotune.failures import Failure
+from autotune.record import FAILURE_CONSTRAINT, PROPOSED_ATTR, Outcome, carried
+from autotune.record import read
+from autotune.study_view import best_moved, best_view, measured_configs, proposal_text, trial_views
 
-FAILURE_CONSTRAINT = "failure"
 WAIT_S = 1.0
 """How long the driver waits for a trial to finish before it looks at the study again."""
 SLOTS_ATTR = "slots"
@@ -100,7 +85,8 @@ class Reporter(Protocol):
     def trial_started(self, number: int, params: dict[str, Any], baseline: bool, slot: str = "",
                       why: str | None = None) -> None: ...
     def phase(self, number: int, phase: str, detail: str) -> None: ...
-    def trial_finished(self, result: TrialResult, value: float | None, best: float | None) -> None: ...
+    def trial_finished(self, result: TrialResult, value: float | None, best: float | None,
+                       moved: str | None = None) -> None: ...
     def trial_skipped(self, number: int, params: dict[str, Any], reason: str) -> None: ...
     def slot_quarantined(self, slot: str, reason: str) -> None: ...
     def note(self, text: str) -> None: ...
@@ -194,11 +180,8 @@ def startup_timeout(startups: list[float], *, cap_s: float, factor: float, floor
     return timeout, f"{factor:g} x the slowest successful start-up, {slowest:.1f}s"
 
 
-def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """Trials that count against the budget: measured or infeasible (not FAIL, not RUNNING, not
-    skipped: a skipped trial launched nothing)."""
-    return [t for t in study.get_trials(deepcopy=False)
-            if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and t.user_attrs.get("outcome") != SKIPPED]
+finished_trials = record.finished
+"""Trials that count against the budget (:attr:`autotune.record.Outcome.finished`)."""
 
 
 
@@ -299,12 +282,9 @@ class Driver:
             # Heartbeats only work inside study.optimize, so an ask/tell driver fails them itself,
             # after killing what the dead driver left running.
             self._kill_stale(t)
-            study._storage.set_trial_user_attr(t._trial_id, "outcome", "fault")
-            study._storage.set_trial_user_attr(t._trial_id, "failure_kind", "interrupted")
-            study._storage.set_trial_user_attr(t._trial_id, "failure_message", "its driver died while it ran")
-            study.tell(t.number, state=TrialState.FAIL)
+            record.write_stale(study, t, "its driver died while it ran")
             if t.params:
-                study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number, **_carried(t.user_attrs)})
+                study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number, **carried(t.user_attrs)})
         self._left = self._kill_each(earlier_left) + self._left
         if earlier_left or self._left:
             study.set_user_attr(SERVERS_LEFT, list(self._left))
@@ -524,9 +504,7 @@ class Driver:
         if slot.gpus is not None:
             trial.set_user_attr("gpus", list(slot.gpus))
         is_baseline = bool(trial.user_attrs.get("baseline"))
-        self.reporter.trial_started(trial.number, launch.applied, is_baseline, slot.name,
-                                    why=proposal_text(study._storage.get_trial_system_attrs(trial._trial_id)  # noqa: SLF001
-                                                      .get(PROPOSED_ATTR)))
+        self.reporter.trial_started(trial.number, launch.applied, is_baseline, slot.name, why=self._why(study, trial))
         target = self.config.target
         timeout, why = startup_timeout(
             [float(t.user_attrs["startup_s"]) for t in study.get_trials(deepcopy=False)
@@ -565,6 +543,18 @@ class Driver:
         self.executor.submit(spec, slot, on_phase)
         return _InFlight(trial, slot, launch.applied)
 
+    @staticmethod
+    def _why(study: optuna.Study, trial: optuna.Trial) -> str | None:
+        """Why this trial runs, in words: it measures another's configuration again, runs a trial
+        again after a fault, or what the sampler proposed it for."""
+        ua = trial.user_attrs
+        if "confirms" in ua:
+            return (f"measures trial {ua['confirms']}'s configuration again: a candidate for the best, whose figure "
+                    "is the mean of its runs after the first")
+        if ua.get("retry_of") is not None:
+            return f"runs trial {ua['retry_of']} again: it did not finish through no fault of its configuration"
+        return proposal_text(record.system_attrs(study, trial).get(PROPOSED_ATTR))
+
     def _note_niceness(self, number: int, niceness: Any, host: str) -> None:
         """Say once per host and niceness when a server runs above niceness 0: on a busy host it
         gets less CPU than it will serve with, and measures that (docs/distributed.md)."""
@@ -598,25 +588,18 @@ class Driver:
     @staticmethod
     def _failures(study: optuna.Study) -> list[tuple[int, str, dict[str, Any]]]:
         """(number, failure kind, applied parameters) of the study's launched infeasible trials."""
-        return [(t.number, str(t.user_attrs["failure_kind"]), dict(t.user_attrs.get("applied") or {}))
-                for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED, TrialState.COMPLETE))
-                if t.user_attrs.get("outcome") == "infeasible" and t.user_attrs.get("failure_kind")]
+        return [(r.number, str(r.failure_kind), r.params) for r in record.read_all(study)
+                if r.outcome is Outcome.INFEASIBLE and r.failure_kind]
 
     def _skip(self, study: optuna.Study, trial: optuna.Trial, applied: dict[str, Any], why: Implication) -> None:
         """Record a proposal an earlier failure implies, without launching it, and tell the
         sampler it is infeasible."""
         message = why.message()
-        attrs = {"outcome": SKIPPED, "feasible": False, "failure_kind": why.kind, "failure_message": message,
-                 "failure_excerpt": None, "metrics": {}, "applied": applied, "implied_by": why.trial, "duration_s": 0.0}
         assert self.lease is not None
         trial.set_user_attr("owner", self.lease.me.id)
-        for key, val in attrs.items():
-            trial.set_user_attr(key, val)
-        trial.set_constraint(FAILURE_CONSTRAINT, 1.0)
-        for c in self.objective.constraints:
-            trial.set_constraint(f"slo:{c}", 0.0)
-        mirror_constraints(trial)
-        self._tell_unmeasured(study, trial, {})
+        record.write_skipped(trial, Failure(why.kind, message, ""), {"applied": applied, "implied_by": why.trial})
+        record.set_constraints(trial, {FAILURE_CONSTRAINT: 1.0, **{f"slo:{c}": 0.0 for c in self.objective.constraints}})
+        record.tell(study, trial, Outcome.SKIPPED, fill=self._fill(study))
         try:
             write_trial_note(study, trial)
         except Exception:  # noqa: BLE001 - a note is a courtesy: it never stops a study
@@ -634,7 +617,7 @@ class Driver:
             return
         trials = study.get_trials(deepcopy=False)
         done = finished_trials(study)
-        views = [view(t) for t in done]
+        views = [read(t) for t in done]
         again = confirmation.next_run(
             measured_configs(views), left=int(self.budget_trials or 0) - len(done) - len(pending),
             spent=sum(1 for t in trials if "confirms" in t.user_attrs and t.state != TrialState.WAITING),
@@ -649,6 +632,7 @@ class Driver:
         """Tell a finished trial, retry a fault elsewhere, keep the slot's health; returns why the
         study must stop (no healthy slot left), else ""."""
         trial, slot = flight.trial, flight.slot
+        before = best_view(study)
         value = self._tell(study, trial, flight.applied, result)
         try:
             write_trial_note(study, trial)  # the dashboard's Note reads like `study show`
@@ -657,10 +641,16 @@ class Driver:
         run.trials_run += 1
         run.results.append(result)
         best = best_view(study)
-        self.reporter.trial_finished(result, value, None if best is None else best.value)
+        moved = best_moved(before, best, self.objective.metric) if not self.objective.multi else None
+        self.reporter.trial_finished(result, value, None if best is None else best.value, moved)
         kind = result.failure.kind if result.failure else None
         msg = result.failure.message if result.failure else ""
-        base = _carried(trial.user_attrs)
+        base = carried(trial.user_attrs)
+        if result.failure is not None and result.failure.kind.fatal:
+            # No configuration can start while this holds (the engine is not installed, the model
+            # is not there): stop in one line, nothing retried, nothing blamed on the configuration.
+            raise UsageError(f"trial {trial.number}: {result.failure.kind}: {result.failure.message} "
+                             f"(the {result.failure.blame}'s fault, not the configuration's; fix it and resume)")
         if kind == "interrupted":
             # Not the trial's fault and not the host's: run the same parameters again later.
             study.enqueue_trial(dict(trial.params), user_attrs={"retry_of": trial.number, **base})
@@ -716,14 +706,15 @@ class Driver:
         return ""
 
     def _tell(self, study: optuna.Study, trial: optuna.Trial, applied: dict[str, Any], result: TrialResult) -> float | None:
-        """Record a result on the trial and tell Optuna; returns the objective value (if any)."""
-        attrs: dict[str, Any] = {
-            "outcome": result.outcome,
-            "feasible": result.outcome == "ok",
-            "failure_kind": result.failure.kind if result.failure else None,
-            "failure_message": result.failure.message if result.failure else None,
-            "failure_excerpt": result.failure.excerpt if result.failure else None,
-            "failure_cause": result.failure.cause if result.failure else None,
+        """Record a result on the trial (:mod:`autotune.record`) and tell Optuna; returns the
+        objective value (if any)."""
+        values = self.objective.values(result.metrics) if result.outcome == "ok" else None
+        if result.outcome == "ok" and values is None:
+            # Measured, but the metric is missing: the objective is misconfigured for this engine.
+            result.outcome = "infeasible"
+            result.failure = Failure("metric-missing", self.objective.missing(result.metrics), "")
+        outcome = Outcome(result.outcome)
+        record.write_result(trial, outcome, result.failure, {
             "metrics": {k: round(v, 4) for k, v in result.metrics.items()},
             "applied": applied,
             "env": result.env,
@@ -738,9 +729,7 @@ class Driver:
             "secret_args": {str(i): n for i, n in sorted(result.secret_args.items())},
             "early_stop": result.early_stop.to_json() if result.early_stop is not None else None,
             SIGNALS_ATTR: result.signals.to_attr() if result.signals is not None else None,
-        }
-        for key, val in attrs.items():
-            trial.set_user_attr(key, val)
+        })
         if result.left_running and result.server_tag:
             self._left.append({"host": result.host, "tag": result.server_tag, "trial": trial.number})
             study.set_user_attr(SERVERS_LEFT, list(self._left))
@@ -750,55 +739,22 @@ class Driver:
                 trial.set_user_attr("log_artifact", artifact_id)
             except OSError:
                 pass
-        if result.outcome == "fault":
-            study.tell(trial, state=TrialState.FAIL)
+        if outcome is Outcome.FAULT:
+            record.tell(study, trial, outcome)
             return None
-        values = self.objective.values(result.metrics)
-        missing = result.outcome == "ok" and values is None
-        failed = missing or (result.outcome == "infeasible"
-                             and (result.failure is None or result.failure.kind != "slo-violated"))
-        trial.set_constraint(FAILURE_CONSTRAINT, 1.0 if failed else -1.0)
+        failed = outcome is Outcome.INFEASIBLE and (result.failure is None or result.failure.kind != "slo-violated")
+        bounds: dict[str, float] = {FAILURE_CONSTRAINT: 1.0 if failed else -1.0}
         for c in self.objective.constraints:
             v = result.violations.get(str(c), 0.0)
             scale = abs(c.bound) or 1.0
-            trial.set_constraint(f"slo:{c}", max(-1e6, min(1e6, v / scale)) if v != float("inf") else 1e6)
-        if missing:
-            # Measured, but the metric is missing: the objective is misconfigured for this engine.
-            trial.set_user_attr("outcome", "infeasible")
-            trial.set_user_attr("feasible", False)
-            trial.set_user_attr("failure_kind", "metric-missing")
-            trial.set_user_attr("failure_message", self.objective.missing(result.metrics))
-            result.outcome = "infeasible"
-        mirror_constraints(trial)  # optuna-dashboard does not show set_constraint values
-        if result.outcome in ("ok", "stopped") and not self.objective.multi:
-            for step, projected in sorted(result.intermediate.items()):
-                trial.report(projected, step)
-        if result.outcome == "ok" and values is not None:
-            study.tell(trial, values if self.objective.multi else values[0])
-            return values[0]
-        metrics = dict(result.metrics)
-        if result.early_stop is not None and not self.objective.multi:
-            metrics[self.objective.metric] = result.early_stop.projected  # GP learns its projection
-        self._tell_unmeasured(study, trial, metrics)
-        return None
+            bounds[f"slo:{c}"] = max(-1e6, min(1e6, v / scale)) if v != float("inf") else 1e6
+        record.set_constraints(trial, bounds)  # optuna-dashboard reads them in their old form
+        record.tell(study, trial, outcome, values=values, intermediate=result.intermediate, fill=self._fill(study))
+        return values[0] if outcome is Outcome.OK and values is not None else None
 
-    def _tell_unmeasured(self, study: optuna.Study, trial: optuna.Trial, metrics: Mapping[str, float]) -> None:
-        """Tell a trial without a usable measurement (its constraints already set) the way the
-        study's sampler learns from it: PRUNED for TPE, COMPLETE with a worst value (or what it
-        measured) for GP."""
-        if isinstance(study.sampler, optuna.samplers.GPSampler):
-            fill = [metrics.get(g.metric, 0.0 if g.direction == "maximize" else 1e12) for g in self.objective.goals]
-            study.tell(trial, [float(v) for v in fill] if self.objective.multi else float(fill[0]))
-        else:
-            study.tell(trial, state=TrialState.PRUNED)
-
-
-CARRIED_ATTRS = ("baseline", "ablation", "confirms")
-"""User attrs a trial run again (after a fault or an interruption) keeps: what it was for."""
-
-
-def _carried(attrs: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: attrs[k] for k in CARRIED_ATTRS if attrs.get(k)}
+    def _fill(self, study: optuna.Study) -> list[float]:
+        """What an unmeasured trial is told (:func:`autotune.record.placeholder`)."""
+        return record.placeholder(study, [(g.metric, g.direction) for g in self.objective.goals])
 
 
 def _compact_info(info: dict[str, Any] | None, limit: int = 4000) -> dict[str, Any] | None:

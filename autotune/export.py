@@ -59,7 +59,9 @@ from autotune._text import counted, one_line
 from autotune.errors import UsageError
 from autotune.pareto import ChoiceRule, dominates
 from autotune.secrets import reference, reference_name
-from autotune.study_view import TrialView, best_of, measured_configs
+from autotune.units import unit_of
+from autotune.study_view import best_of, measured_configs
+from autotune.record import TrialRecord
 
 FORMATS = ("sh", "env", "yaml", "json")
 PORT_FIELD = "{port}"
@@ -231,7 +233,8 @@ def _header(prof: Mapping[str, Any], fmt: str) -> list[str]:
         lines.append(", ".join(f"{g['metric']} = {g['value']} ({g['direction']})" for g in prof["objectives"])
                      + f", exported {prof['exported_at']}")
     else:
-        lines.append(f"{prof['metric']} = {_num(prof['value'])} ({prof['direction']}), exported {prof['exported_at']}")
+        unit = f" {prof['unit']}" if prof.get("unit") else ""
+        lines.append(f"{prof['metric']} = {_num(prof['value'])}{unit} ({prof['direction']}), exported {prof['exported_at']}")
     if prof.get("choice"):
         lines.append(f"chosen: {prof['choice']['text']}")
     if measured.get("text"):
@@ -283,7 +286,7 @@ def measurement(values: Sequence[float], trials: Sequence[int] = (), *, at: str 
     return out
 
 
-def pooled(views: Iterable[TrialView], params: Mapping[str, Any], dates: Mapping[int, str] | None = None,
+def pooled(views: Iterable[TrialRecord], params: Mapping[str, Any], dates: Mapping[int, str] | None = None,
            note: str = "") -> dict[str, Any] | None:
     """The measurement of the configuration ``params`` as ``study best`` figures it
     (:class:`~autotune.study_view.Measured`: a configuration measured again is the mean of the
@@ -330,16 +333,18 @@ def memory_parameter(name: str, param: Any = None) -> bool:
     return any(k in MEMORY_NAMES or _MEMORY_WORDS.search(k) for k in keys)
 
 
-def memory_failure(v: TrialView) -> str | None:
+def memory_failure(v: TrialRecord) -> str | None:
     """The memory failure kind of a trial: ``oom``, ``not-enough-memory``, ``oom-under-load``
-    (a crash under load whose log says OOM), ``nccl-oom`` (NCCL could not allocate); else None."""
-    f = v.failure or {}
-    kind, cause = f.get("kind"), f.get("cause")
-    if kind in MEMORY_FAILURES:
-        return str(kind)
-    if kind == "crash-under-load" and cause in ("oom", "not-enough-memory"):
+    (an OOM under load; in studies recorded before, a crash under load whose log said OOM),
+    ``nccl-oom`` (NCCL could not allocate); else None."""
+    f = v.failure
+    if f is None:
+        return None
+    if f.kind in MEMORY_FAILURES:
+        return "oom-under-load" if f.kind == "oom" and f.phase == "load" else str(f.kind)
+    if f.kind == "crash-under-load" and f.cause in ("oom", "not-enough-memory"):
         return "oom-under-load"
-    if kind == "nccl-error" and _NCCL_OOM.search(str(f.get("message") or "")):
+    if f.kind == "nccl-error" and _NCCL_OOM.search(f.message):
         return "nccl-oom"
     return None
 
@@ -373,9 +378,9 @@ def backoff_value(param: Any, best: Any, nearest: float, margin: float) -> tuple
     return param.normalise(value), gap
 
 
-def memory_backoff(best: TrialView, views: Sequence[TrialView], space: Any, margin: float,
+def memory_backoff(best: TrialRecord, views: Sequence[TrialRecord], space: Any, margin: float,
                    no_space: str = "the study's search space could not be read",
-                   ) -> tuple[TrialView, list[dict[str, Any]]]:
+                   ) -> tuple[TrialRecord, list[dict[str, Any]]]:
     """``best`` with its memory parameters backed off (see the module docstring), and one note
     per memory parameter: ``{"parameter", "measured", "exported", "margin", "boundary", "text"}``.
 
@@ -452,7 +457,7 @@ def memory_backoff(best: TrialView, views: Sequence[TrialView], space: Any, marg
     return changed, notes
 
 
-def _relaunch(best: TrialView, space: Any, params: dict[str, Any]) -> TrialView | None:
+def _relaunch(best: TrialRecord, space: Any, params: dict[str, Any]) -> TrialRecord | None:
     """``best`` with the env and flags of ``params`` in place of its own; None when the trial's
     command does not end with its flags as the space applies them (or the rules change more)."""
     old, new = space.to_launch(best.params), space.to_launch(params)
@@ -473,7 +478,7 @@ def _relaunch(best: TrialView, space: Any, params: dict[str, Any]) -> TrialView 
 
 
 # -- profile and formats ---------------------------------------------------------------------
-def profile(study_name: str, metric: str | None, direction: str, best: TrialView, port: int, *,
+def profile(study_name: str, metric: str | None, direction: str, best: TrialRecord, port: int, *,
             python: str = DEFAULT_PYTHON, launch_template: str | None = None, interpreters: Iterable[str] = (),
             measured: dict[str, Any] | None = None, provenance: dict[str, Any] | None = None,
             memory: list[dict[str, Any]] | None = None, verify: dict[str, Any] | None = None,
@@ -498,6 +503,7 @@ def profile(study_name: str, metric: str | None, direction: str, best: TrialView
         "study": study_name,
         "trial": best.number,
         "metric": metric,
+        "unit": unit_of(metric),
         "direction": direction,
         "value": value,
         "measured": measured or measurement([float(value)] if value is not None else [], [best.number]),
@@ -652,8 +658,8 @@ def _read_log(storage: str, study_name: str, trial: Any) -> str:
     return ""
 
 
-def chosen_trial(study: Any, views: Sequence[TrialView], *, rule: ChoiceRule | None = None,
-                 number: int | None = None) -> tuple[TrialView, dict[str, Any] | None]:
+def chosen_trial(study: Any, views: Sequence[TrialRecord], *, rule: ChoiceRule | None = None,
+                 number: int | None = None) -> tuple[TrialRecord, dict[str, Any] | None]:
     """The trial to export and, when it was not simply the best of a single-objective study, how
     it was chosen: ``{"rule", ..., "text", "trial", "front"}`` (:meth:`autotune.pareto.Choice.to_json`;
     ``rule`` is ``trial`` for one given by number).
@@ -703,7 +709,7 @@ def chosen_trial(study: Any, views: Sequence[TrialView], *, rule: ChoiceRule | N
 
 def from_study(study: Any, storage: str, *, port: int | None = None, python: str | None = None,
                memory_margin: float = DEFAULT_MEMORY_MARGIN, rule: ChoiceRule | None = None,
-               number: int | None = None) -> tuple[dict[str, Any], TrialView]:
+               number: int | None = None) -> tuple[dict[str, Any], TrialRecord]:
     """The launch profile of a stored study's best feasible trial, and the trial as exported
     (memory parameters backed off). A multi-objective study exports the Pareto front's trial that
     ``rule`` (default: the rule its objective states) picks; ``number`` exports that trial instead
@@ -714,18 +720,19 @@ def from_study(study: Any, storage: str, *, port: int | None = None, python: str
     """
     from autotune.engines.registry import PRESETS
     from autotune.provenance import engine_version, provenance, select_host_facts
-    from autotune.study_view import objectives, view
+    from autotune.study_view import objectives
+    from autotune.record import objective_metric, read
 
     name = study.study_name
     frozen = {t.number: t for t in study.get_trials(deepcopy=False)}
-    views = [view(t) for t in frozen.values()]
+    views = [read(t) for t in frozen.values()]
     best, choice = chosen_trial(study, views, rule=rule, number=number)
     config = study.user_attrs.get("config") or {}
     target = config.get("target") or {}
     engine = str(target.get("engine", "sim"))
     preset = PRESETS.get(engine)
     chosen_port = port if port is not None else (preset.default_port if preset is not None else 30000)
-    metric = (study.user_attrs.get("objective") or {}).get("metric")
+    metric = objective_metric(study)
     dates = {n: d for n, t in frozen.items() if (d := _utc(t.datetime_complete))}
 
     space, why = _study_space(study, config)

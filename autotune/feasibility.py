@@ -29,7 +29,6 @@ for a configuration that lacks a parameter of the space).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 

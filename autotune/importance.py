@@ -1,6 +1,6 @@
 """Which parameters matter, and how sure we are: importances with intervals and honest verdicts.
 
-:func:`importance` reads the trials (:class:`autotune.study_view.TrialView`); ``autotune study
+:func:`importance` reads the trials (:class:`autotune.study_view.TrialRecord`); ``autotune study
 explain`` prints it (:mod:`autotune.analysis`).
 
 Shares
@@ -111,7 +111,7 @@ from typing import Any
 import numpy as np
 
 from autotune.crash_rules import MEASURED, MIN_SUPPORT, finished, is_number
-from autotune.study_view import TrialView
+from autotune.record import TrialRecord
 
 MIN_TRIALS = 20
 """Fewest trials (feasible ones for the objective, finished ones for feasibility) for importances."""
@@ -546,7 +546,7 @@ def _tried(values: list[Any]) -> Any:
     return list({repr(x): x for x in present}.values())
 
 
-def importance(views: Sequence[TrialView]) -> dict[str, Any]:
+def importance(views: Sequence[TrialRecord]) -> dict[str, Any]:
     """Importance for the objective (feasible trials measured to the end: a ``stopped`` trial has
     no final value, only a bound) and for feasibility (finished trials; a stopped one ran fine)."""
     rows = finished(views)

@@ -44,7 +44,7 @@ from autotune.early_stop import StopRule, applies
 from autotune.engines import get_preset
 from autotune.errors import UsageError
 from autotune.executors import Finished, PhaseCallback, runner_fields
-from autotune.failures import Failure
+from autotune.failures import Failure, Phase
 from autotune.loadgen import LoadProgress
 from autotune.objective import Objective
 from autotune.runner import TrialResult, TrialSpec
@@ -314,7 +314,10 @@ def _failed(result: TrialResult, kind: str, message: str, at_s: float, timeout: 
     if result.startup_s is None and at_s > timeout:
         kind, message, at_s = "startup-timeout", _late(timeout), timeout
     result.outcome = "infeasible"
-    result.failure = Failure(kind, message, message)
+    if kind == "crash-under-load":  # the model's memory crash under load: the server logs an OOM
+        result.failure = Failure("oom", message, message, phase=Phase.LOAD)
+    else:
+        result.failure = Failure(kind, message, message, phase=Phase.STARTUP)
     result.duration_s = round(at_s, 3)
     return result
 

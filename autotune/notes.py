@@ -1,14 +1,13 @@
-"""What the dashboard shows of a trial: its Note, written like ``autotune study show``.
+"""What the dashboard shows of a study and its trials: Notes written like ``autotune study show``.
 
-optuna-dashboard shows a trial's state (an infeasible trial told PRUNED reads "Pruned"), its
-user attributes (one long dump of argv, env and template) and its Note, and not the values set
-with ``set_constraint``. So each finished trial gets a Markdown Note (:func:`trial_note`): the
-outcome in words, the failure kind and message, the key lines of the log excerpt, the metrics,
-the parameters as applied, slot/host, duration, the log artifact's id and the constraints; and
-:func:`mirror_constraints` copies the constraints into user attributes ``constraint_<key>``.
+optuna-dashboard shows a trial's state, its user attributes (one long dump) and its Note. So each
+finished trial gets a Markdown Note (:func:`trial_note`): the outcome in words, the failure kind,
+its blame and phase, the key lines of the log excerpt, the metrics, the parameters as applied,
+slot/host, duration, the log artifact's id and the constraints; and the study gets one
+(:func:`study_note`): the counts and the best as ``study best`` chooses it, and, where the
+dashboard's own "Best Trial" card shows another trial (the highest single run), why that one is
+not the best (its note says so too).
 
-- :func:`mirror_constraints` runs on a live trial after its constraints are set and before it
-  is told (Optuna refuses user attributes on a finished trial).
 - :func:`write_trial_note` runs after a trial is told; :func:`write_notes` fills in the notes
   of a study recorded before (``autotune dashboard`` calls it before serving).
 - A note a person edited in the dashboard is never overwritten: the hash of each note autotune
@@ -31,14 +30,14 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune._text import one_line
-from autotune.failures import COMMON_PATTERNS, NOTABLE
-from autotune.study_view import TrialView, load_text, objectives, proposal_text, view
+from autotune.failures import NOTABLE, SERVER_PATTERNS
+from autotune import record
+from autotune.record import Outcome, TrialRecord, counts_text, objective_metric, read, read_all
+from autotune.study_view import backing_text, best_view, load_text, objectives, proposal_text
+from autotune.units import unit_of
 
 NOTE_HASH_PREFIX = "autotune:note:"
 """Study system attr ``autotune:note:<trial_id>``: sha256 of the note autotune last wrote."""
-CONSTRAINT_ATTR_PREFIX = "constraint_"
-"""Trial user attrs ``constraint_<key>``: the trial's constraint values (``failure``: 1.0 when
-the configuration failed, -1.0 when it did not; ``slo:<bound>``: > 0 when violated)."""
 KEY_LINES = 12
 WRAP = 100
 """Widest line of a code block in a note (the dashboard does not wrap code)."""
@@ -52,7 +51,9 @@ _OUTCOME_WORDS = {
     "skipped": "skipped: not launched, an earlier failure implies this configuration fails the same way",
 }
 _STATE_WORDS = {
-    "PRUNED": "Optuna records an infeasible trial as *Pruned*: it was not stopped early, the configuration failed.",
+    "COMPLETE": ("Optuna records an infeasible trial as *Complete* with its constraint `failure` > 0 (the dashboard's "
+                 "plots show it as *Infeasible*); its value is a placeholder below every measured one, not a measurement."),
+    "PRUNED": "Optuna records an infeasible trial of an earlier version as *Pruned*: it was not stopped early.",
     "FAIL": "Optuna records a fault as *Fail*: it teaches the sampler nothing and the parameters are run again.",
 }
 
@@ -93,7 +94,7 @@ def _fmt(value: Any) -> str:
 def _is_key(line: str) -> bool:
     """A line that carries a failure, as the failure classifier reads logs: one of its failure
     patterns (OOM, NCCL errors, ...) or an error, warning, traceback or killed-process line."""
-    return bool(NOTABLE.search(line)) or any(p.regex.search(line) for p in COMMON_PATTERNS)
+    return bool(NOTABLE.search(line)) or any(p.regex.search(line) for p in SERVER_PATTERNS)
 
 
 def key_lines(excerpt: str, message: str | None = None, limit: int = KEY_LINES) -> list[str]:
@@ -133,7 +134,7 @@ def _command(argv: list[str], width: int = WRAP) -> str:
 
 
 # -- the note --------------------------------------------------------------------------------
-def trial_note(v: TrialView, *, metric: str | None = None, constraints: Mapping[str, float] | None = None,
+def trial_note(v: TrialRecord, *, metric: str | None = None, constraints: Mapping[str, float] | None = None,
                log_artifact: str | None = None, host: str | None = None, extra: Mapping[str, Any] | None = None,
                objectives: Sequence[str] = ()) -> str:
     """One trial as Markdown, as ``autotune study show`` tells it.
@@ -169,10 +170,10 @@ def trial_note(v: TrialView, *, metric: str | None = None, constraints: Mapping[
                    "values; it is not infeasible (constraint `failure` = -1) and never the best.")
     if v.failure:
         out.append("")
-        out.append(f"**Failure:** {_code(v.failure_kind)}: {_text(v.failure.get('message') or '')}")
-        if v.failure.get("cause"):
-            out.append(f"(cause: {_code(v.failure['cause'])})")
-        lines = key_lines(str(v.failure.get("excerpt") or ""), v.failure.get("message"))
+        out.append(f"**Failure:** {_code(v.failure_kind)}: {_text(v.failure.message)}")
+        out.append(f"Blamed on the {_text(v.failure.blame)}" + (f", in {_text(v.failure.phase)}" if v.failure.phase else "")
+                   + (f" (cause: {_code(v.failure.cause)})" if v.failure.cause else "") + ".")
+        lines = key_lines(v.failure.excerpt, v.failure.message)
         if lines:
             out.append("")
             out.append("Key lines of the server log:")
@@ -213,25 +214,77 @@ def trial_note(v: TrialView, *, metric: str | None = None, constraints: Mapping[
     return "\n".join(out) + "\n"
 
 
-def _constraints(t: FrozenTrial) -> dict[str, float]:
-    try:
-        return dict(t.constraints)
-    except (AttributeError, TypeError, ValueError):  # an Optuna without per-key constraints
-        return {}
-
-
 def note_for(study: optuna.Study, t: FrozenTrial) -> str:
     """The note of the stored trial ``t`` of ``study``."""
-    ua = t.user_attrs
-    extra = {"retry of trial": ua.get("retry_of"), "fault retries": ua.get("fault_retries"),
-             "implied by trial": ua.get("implied_by"), "measures again trial": ua.get("confirms")}
-    tag = ua.get("ablation")
-    if isinstance(tag, Mapping):
-        extra["ablation"] = f"{tag.get('label')} (run {tag.get('run')})"
+    r = read(t)
+    extra: dict[str, Any] = {"retry of trial": r.retry_of, "fault retries": t.user_attrs.get("fault_retries"),
+                             "implied by trial": r.implied_by, "measures again trial": r.confirms}
+    if r.ablation:
+        extra["ablation"] = f"{r.ablation.get('label')} (run {r.ablation.get('run')})"
     goals = objectives(study)
-    return trial_note(view(t), metric=(study.user_attrs.get("objective") or {}).get("metric"),
-                      constraints=_constraints(t), log_artifact=ua.get("log_artifact"), host=ua.get("host"), extra=extra,
-                      objectives=[g.metric for g in goals] if len(goals) > 1 else ())
+    return trial_note(r, metric=objective_metric(study), constraints=r.constraints, log_artifact=r.log_artifact,
+                      host=r.host, extra=extra, objectives=[g.metric for g in goals] if len(goals) > 1 else ())
+
+
+# -- the study's note: the chosen best, and why the dashboard's best card may differ -----------
+def study_note(study: optuna.Study, records: Sequence[TrialRecord] | None = None) -> str:
+    """The study's note: the outcome counts, the best as ``study best`` chooses it, and where
+    the dashboard's own "Best Trial" card (the highest single value, whatever measured it again)
+    shows another trial, which one and why it is not the best."""
+    records = read_all(study) if records is None else list(records)
+    metric = objective_metric(study) or "value"
+    unit = unit_of(metric)
+    out = ["### " + _text(f"Study {study.study_name}"), "", _text(counts_text(records)) + "."]
+    best = best_view(study)
+    if best is None:
+        out += ["", "**Best:** none: no trial was measured."]
+        return "\n".join(out) + "\n"
+    shown = " ".join(f"{k}={p}" for k, p in best.params.items())
+    if best.measured is not None:
+        out += ["", f"**Best (as `autotune study best` chooses it):** trial {best.number}, {_code(metric)} = "
+                    f"**{_fmt(best.value)} {_text(unit)}**, {_text(backing_text(best.measured))}.",
+                "", f"Its configuration: {_code(shown)}"]
+    else:  # a multi-objective study: the rule's pick from the front
+        out += ["", f"**Chosen from the Pareto front:** trial {best.number}: {_code(shown)}"]
+    card = _dashboard_best(study)
+    if card is not None and best.measured is not None and card.number not in best.measured.trials:
+        out += ["", f"The dashboard's *Best Trial* card shows trial {card.number} ({_fmt(card.value)} {_text(unit)}): "
+                    "the highest single run. " + _text(_why_not_best(card, best)) + "."]
+    return "\n".join(out) + "\n"
+
+
+def _dashboard_best(study: optuna.Study) -> FrozenTrial | None:
+    """The trial optuna-dashboard's best-trial card shows (the storage's best value of a
+    single-objective study), or None."""
+    if len(study.directions) > 1:
+        return None
+    try:
+        return record.storage(study).get_best_trial(record.study_id(study))
+    except ValueError:
+        return None
+
+
+def _why_not_best(card: FrozenTrial, best: TrialRecord) -> str:
+    """Why the trial of the dashboard's best card is not the chosen best."""
+    r = read(card)
+    if r.outcome is not Outcome.OK:
+        return f"it is {r.outcome}, not measured"
+    m = best.measured
+    if m is not None and m.first_excluded and card.number == m.trials[0]:
+        return ("it is the first run of the chosen configuration, which made it a candidate and reads high "
+                "(the winner's curse); the figure is the mean of the runs after it")
+    return ("it was measured once, and beats the confirmed best by less than the run-to-run noise; "
+            "a configuration measured again is judged on the runs that confirmed it")
+
+
+def trial_note_extra(study: optuna.Study, t: FrozenTrial, best: TrialRecord | None) -> str:
+    """What a trial's note adds when the dashboard's best card shows it but it is not the best."""
+    card = _dashboard_best(study)
+    if best is None or best.measured is None or card is None or card.number != t.number \
+            or t.number in best.measured.trials:
+        return ""
+    return (f"\n**Not the best:** the dashboard's Best Trial card shows this trial, but {_text(_why_not_best(card, best))}; "
+            f"the best is trial {best.number} (the study's note says why).\n")
 
 
 # -- writing ---------------------------------------------------------------------------------
@@ -253,12 +306,12 @@ def _save(study: optuna.Study, t: FrozenTrial, body: str, *, overwrite: bool, sy
     """Save ``body`` as ``t``'s note unless a person wrote it (or it is unchanged); True if saved."""
     from optuna_dashboard import get_note, save_note
 
-    target = _NoteTarget(study._storage, study, t._trial_id)
-    key = f"{NOTE_HASH_PREFIX}{t._trial_id}"
+    target = _NoteTarget(record.storage(study), study, record.trial_id(t))
+    key = f"{NOTE_HASH_PREFIX}{record.trial_id(t)}"
     try:  # from the system attrs already read (get_note reads them all again, for each trial)
         from optuna_dashboard._note import get_note_from_system_attrs
 
-        current = get_note_from_system_attrs(dict(system_attrs), t._trial_id)["body"]
+        current = get_note_from_system_attrs(dict(system_attrs), record.trial_id(t))["body"]
     except (ImportError, KeyError, TypeError, ValueError):
         current = get_note(target)  # type: ignore[arg-type]
     if current == body:
@@ -266,38 +319,56 @@ def _save(study: optuna.Study, t: FrozenTrial, body: str, *, overwrite: bool, sy
     if current and not overwrite and system_attrs.get(key) != _hash(current):
         return False  # the person's note
     save_note(target, body)  # type: ignore[arg-type]
-    study._storage.set_study_system_attr(study._study_id, key, _hash(body))
+    record.set_study_system_attr(study, key, _hash(body))
     return True
 
 
-def _frozen(study: optuna.Study, trial: int | optuna.Trial | FrozenTrial) -> FrozenTrial:
-    if isinstance(trial, FrozenTrial):
-        return trial
-    if isinstance(trial, optuna.Trial):
-        return study._storage.get_trial(trial._trial_id)
-    trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, int(trial))
-    return study._storage.get_trial(trial_id)
+def _save_study_note(study: optuna.Study, body: str, *, overwrite: bool, system_attrs: Mapping[str, Any]) -> bool:
+    """Save ``body`` as the study's note unless a person wrote it (or it is unchanged)."""
+    from optuna_dashboard import save_note
+    from optuna_dashboard._note import get_note_from_system_attrs
+
+    current = get_note_from_system_attrs(dict(system_attrs), None)["body"]
+    key = f"{NOTE_HASH_PREFIX}study"
+    if current == body or (current and not overwrite and system_attrs.get(key) != _hash(current)):
+        return False
+    save_note(study, body)
+    record.set_study_system_attr(study, key, _hash(body))
+    return True
+
+
+def _full_note(study: optuna.Study, t: FrozenTrial, best: TrialRecord | None) -> str:
+    return note_for(study, t) + trial_note_extra(study, t, best)
 
 
 def write_trial_note(study: optuna.Study, trial: int | optuna.Trial | FrozenTrial, *, overwrite: bool = False) -> str:
-    """Write the note of one trial (its number, the live trial or a stored one) and return it.
+    """Write the note of one trial (its number, the live trial or a stored one), refresh the
+    study's note, and return the trial's.
 
     Call it after the trial is told, so the note has its final state. A note a person edited
     is kept unless ``overwrite``.
     """
-    t = _frozen(study, trial)
-    body = note_for(study, t)
-    _save(study, t, body, overwrite=overwrite, system_attrs=study._storage.get_study_system_attrs(study._study_id))
+    t = record.frozen(study, trial)
+    best = best_view(study)
+    body = _full_note(study, t, best)
+    attrs = record.study_system_attrs(study)
+    _save(study, t, body, overwrite=overwrite, system_attrs=attrs)
+    _save_study_note(study, study_note(study), overwrite=overwrite, system_attrs=attrs)
+    card = _dashboard_best(study)
+    if card is not None and card.number != t.number:  # the card's trial says why it is not the best
+        _save(study, card, _full_note(study, card, best), overwrite=overwrite, system_attrs=attrs)
     return body
 
 
 def write_notes(study: optuna.Study, *, overwrite: bool = False) -> int:
-    """Write (or refresh) the notes of every finished trial of ``study``; returns how many were
-    written. Notes a person edited are kept unless ``overwrite``."""
-    system_attrs = study._storage.get_study_system_attrs(study._study_id)
+    """Write (or refresh) the notes of every finished trial of ``study`` and the study's own;
+    returns how many trial notes were written. Notes a person edited are kept unless ``overwrite``."""
+    system_attrs = record.study_system_attrs(study)
+    best = best_view(study)
     written = 0
     for t in study.get_trials(deepcopy=False, states=FINISHED):
-        written += _save(study, t, note_for(study, t), overwrite=overwrite, system_attrs=system_attrs)
+        written += _save(study, t, _full_note(study, t, best), overwrite=overwrite, system_attrs=system_attrs)
+    _save_study_note(study, study_note(study), overwrite=overwrite, system_attrs=system_attrs)
     return written
 
 
@@ -309,14 +380,3 @@ def write_all_notes(storage: BaseStorage) -> int:
         if "config" in s.user_attrs or "objective" in s.user_attrs:
             total += write_notes(optuna.load_study(study_name=s.study_name, storage=storage))
     return total
-
-
-def mirror_constraints(trial: optuna.Trial) -> dict[str, float]:
-    """Copy the constraints set on the live ``trial`` into user attrs ``constraint_<key>`` (the
-    dashboard shows user attrs, not constraints); returns them. Call it after the last
-    ``set_constraint`` and before the trial is told."""
-    frozen = trial.storage.get_trial(trial._trial_id)
-    values = _constraints(frozen)
-    for k, c in values.items():
-        trial.set_user_attr(f"{CONSTRAINT_ATTR_PREFIX}{k}", c)
-    return values

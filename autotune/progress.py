@@ -8,7 +8,6 @@ such as ``[/x]`` or ``[bold]`` is shown as written and cannot break the display.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +22,9 @@ from rich.text import Text
 from autotune.analysis import crash_rules
 from autotune.pareto import Goal
 from autotune.runner import TrialResult
-from autotune.study_view import TrialView, best_of, is_multi_objective, measured_configs, objectives, pick, trial_views
+from autotune.study_view import best_of, is_multi_objective, measured_configs, objectives, pick, trial_views
+from autotune.record import TrialRecord, counts_text
+from autotune.units import unit_of, with_unit
 
 
 MESSAGE_LIMIT = 240
@@ -81,7 +82,8 @@ class ConsoleReporter:
         if self.live is None and changed:
             self.console.print(Text(f"  trial {number}: {phase} ({time.monotonic() - run.start:.1f}s)"))
 
-    def trial_finished(self, result: TrialResult, value: float | None, best: float | None) -> None:
+    def trial_finished(self, result: TrialResult, value: float | None, best: float | None,
+                       moved: str | None = None) -> None:
         self.best = best
         self.running.pop(result.number, None)
         if result.outcome != "fault":
@@ -91,7 +93,8 @@ class ConsoleReporter:
             shown = " ".join(f"{m}={result.metrics[m]:.4g}" for m in self.objectives if m in result.metrics)
             line = Text.assemble(f"trial {result.number}: ", ("ok", "green"), f" {shown}  ({took})")
         elif result.outcome == "ok":
-            line = Text.assemble(f"trial {result.number}: ", ("ok", "green"), f" {self.metric}={value:.4g}  ({took})")
+            line = Text.assemble(f"trial {result.number}: ", ("ok", "green"),
+                                 f" {self.metric}={with_unit(value, self.metric)}  ({took})")
         elif result.outcome == "stopped":
             why = result.early_stop.message if result.early_stop is not None else ""
             line = Text.assemble(f"trial {result.number}: ", ("stopped early", "cyan"), f" {shorten(why, MESSAGE_LIMIT)}  ({took})")
@@ -99,8 +102,11 @@ class ConsoleReporter:
             kind = result.failure.kind if result.failure else "?"
             msg = shorten(result.failure.message if result.failure else "", MESSAGE_LIMIT)
             style = "yellow" if result.outcome == "infeasible" else "red"
-            line = Text.assemble(f"trial {result.number}: ", (f"{result.outcome} {kind}", style), f"  {msg}  ({took})")
+            blame = f" (the {result.failure.blame}'s fault)" if result.failure and result.outcome == "fault" else ""
+            line = Text.assemble(f"trial {result.number}: ", (f"{result.outcome} {kind}", style), f"{blame}  {msg}  ({took})")
         self.console.print(line)
+        if moved:  # why the best moved: a new best, or a configuration's figure after it was measured again
+            self.console.print(Text(f"  {moved}", style="bold" if result.outcome == "ok" else None))
 
     def trial_skipped(self, number: int, params: dict[str, Any], reason: str) -> None:
         self.console.print(Text.assemble(f"trial {number}: ", ("skipped", "yellow"),
@@ -136,16 +142,16 @@ class ConsoleReporter:
 
     # -- rendering ------------------------------------------------------------------------
     def status_line(self) -> Text:
-        """The live line: trials done, best so far and total time, then each running trial with its
+        """The live line: trials done, best so far (with its unit) and the study's time, then each running trial with its
         phase and clock (in an 80-column terminal one trial fits whole; with more in flight the
         line ends in an ellipsis rather than wrap)."""
         budget = "" if self.budget is None else f"/{self.budget}"
-        best = "none yet" if self.best is None else f"{self.best:.4g}"
+        best = "none yet" if self.best is None else with_unit(self.best, self.metric)
         now = time.monotonic()
         parts: list[str | tuple[str, str]] = [(f"{self.name} ", "bold"), f"{self.done}{budget} done  best {best}  "
-                                              f"total {now - self.study_start:.0f}s"]
+                                              f"{now - self.study_start:.0f}s"]
         for number, run in sorted(self.running.items()):
-            parts += [f"  trial {number} ", (run.phase, "cyan"), f" {run.detail}  {now - run.start:.1f}s"]
+            parts += [f"  trial {number} ", (run.phase, "cyan"), f" {run.detail} {now - run.start:.1f}s"]
         line = Text.assemble(*parts)
         line.no_wrap = True
         line.overflow = "ellipsis"
@@ -189,7 +195,7 @@ def console_table(title: str, **options: Any) -> Table:
     return Table(title=Text(title), box=box.HEAVY_HEAD, show_edge=False, **options)
 
 
-def top_table(views: list[TrialView], metric: str, maximize: bool = True, top: int = TOP_TRIALS) -> Table:
+def top_table(views: list[TrialRecord], metric: str, maximize: bool = True, top: int = TOP_TRIALS) -> Table:
     """The baseline and the ``top`` best configurations, each by its figure (a configuration
     measured again is the mean of its runs after the first, and shows every trial that measured
     it), with what it changed from the baseline: a table for an 80-column terminal (``study show``
@@ -213,7 +219,8 @@ def top_table(views: list[TrialView], metric: str, maximize: bool = True, top: i
     sign = 1.0 if maximize else -1.0
     if rows and any(sign * (m.mean - rows[0].mean) > 0 for m in rows[1:]):
         notes.append("first: the best (study best); a single run above it is within the noise")
-    table = console_table(f"best configurations ({metric})", expand=False,
+    unit = unit_of(metric)
+    table = console_table(f"best configurations ({metric}{', ' + unit if unit else ''})", expand=False,
                           caption=Text("\n".join(notes)) if notes else None)
     table.add_column("#", no_wrap=True)
     table.add_column("value", justify="right", no_wrap=True)
@@ -231,21 +238,17 @@ def top_table(views: list[TrialView], metric: str, maximize: bool = True, top: i
     return table
 
 
-def outcome_lines(views: list[TrialView], rules: list[str]) -> list[Text]:
+def outcome_lines(views: list[TrialRecord], rules: list[str]) -> list[Text]:
     """Counts of outcomes, with the failure kinds of the infeasible ones (``20 trials: 13 ok,
     5 stopped, 2 infeasible (nccl-error 2)``), then the crash rules."""
-    counts = Counter(v.outcome for v in views)
-    kinds = Counter(v.failure_kind for v in views if v.outcome == "infeasible" and v.failure_kind)
-    of_kind = " (" + ", ".join(f"{k} {n}" for k, n in kinds.most_common()) + ")" if kinds else ""
-    shown = ", ".join(f"{n} {o}" + (of_kind if o == "infeasible" else "") for o, n in counts.most_common())
-    lines = [Text(f"{len(views)} trials: {shown}")]
+    lines = [Text(counts_text(views))]
     if rules:
         lines.append(Text("crash rules (autotune study explain):"))
         lines += [Text(f"  {r}") for r in rules]
     return lines
 
 
-def summary_table(views: list[TrialView], metric: str, maximize: bool = True, *, goals: Sequence[Goal] = (),
+def summary_table(views: list[TrialRecord], metric: str, maximize: bool = True, *, goals: Sequence[Goal] = (),
                   front: Sequence[int] = (), chosen: int | None = None, title: str = "trials") -> Table:
     """A table of every trial: number, outcome, value, then in one column the failure kind (for a
     trial stopped early: where and why) above the parameters that differ from the baseline's (all
@@ -260,6 +263,7 @@ def summary_table(views: list[TrialView], metric: str, maximize: bool = True, *,
     on the Pareto front (``front``) marked, the ``chosen`` one in green."""
     multi = len(goals) > 1
     heading = ", ".join(f"{g.direction} {g.metric}" for g in goals) if multi else metric
+    heading += f", {unit_of(metric)}" if not multi and unit_of(metric) else ""
     table = console_table(f"{title} ({heading})")
     value_columns = [g.metric for g in goals] if multi else ["value"]
     table.add_column("#", overflow="fold")
@@ -288,7 +292,7 @@ def summary_table(views: list[TrialView], metric: str, maximize: bool = True, *,
     return table
 
 
-def _stopped(v: TrialView) -> str:
+def _stopped(v: TrialRecord) -> str:
     """Where and why a trial's load stopped early (``at 25%: bound 568 < 604``), else ""."""
     es = v.early_stop
     if v.outcome != "stopped" or not es:

@@ -34,7 +34,9 @@ from optuna.trial import TrialState
 from autotune._text import counted
 from autotune.errors import UsageError
 from autotune.results import finite_number
-from autotune.study_view import TrialView, best_view, is_multi_objective, objectives, pick, trial_views
+from autotune.study_view import backing_text, best_view, is_multi_objective, objectives, pick, trial_views
+from autotune.record import TrialRecord, counts_text, is_feasible_measurement
+from autotune.units import unit_of, with_unit
 
 FIGURE_CLASS = "autotune-figure"
 """Class of the element wrapping each chart (its plotly div is ``id="fig-<name>"``)."""
@@ -101,7 +103,7 @@ def _rule_parameter(rule: Mapping[str, Any], names: Iterable[str]) -> str | None
     return param if param in set(names) else None
 
 
-def top_parameters(imps: list[dict[str, Any]], rules: list[Mapping[str, Any]], views: list[TrialView], n: int = 2) -> list[str]:
+def top_parameters(imps: list[dict[str, Any]], rules: list[Mapping[str, Any]], views: list[TrialRecord], n: int = 2) -> list[str]:
     """The ``n`` parameters for the feasibility map: the most important first (``imps``: rows of
     one or more importances; a parameter ranks by its largest share in any), then those the
     crash rules name, then the rest in the order trials list them, those the trials varied
@@ -136,7 +138,7 @@ def _quiet(make: Callable[[], Any]) -> Any:
 
 def _feasible_study(study: optuna.Study) -> optuna.Study | None:
     """An in-memory copy of ``study`` with only its feasible trials (None if there are none)."""
-    feasible = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.user_attrs.get("feasible")]
+    feasible = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if is_feasible_measurement(t)]
     if not feasible:
         return None
     sub = optuna.create_study(directions=study.directions)
@@ -144,12 +146,24 @@ def _feasible_study(study: optuna.Study) -> optuna.Study | None:
     return sub
 
 
-def _history(study: optuna.Study, metric: str) -> Any:
+def _history(sub: optuna.Study | None, metric: str, best: TrialRecord | None) -> Any:
+    """The measured trials' values in order with Optuna's best-so-far line (single runs), and the
+    best as ``study best`` chooses it as a line of its own, named: the two differ where a
+    configuration measured again read lower than its first run."""
     from optuna.visualization import plot_optimization_history
 
-    if is_multi_objective(study):  # the first objective's history (the Pareto front has its own chart)
-        return _quiet(lambda: plot_optimization_history(study, target=lambda t: t.values[0], target_name=metric))
-    return _quiet(lambda: plot_optimization_history(study, target_name=metric))
+    if sub is None:
+        return None
+    name = f"{metric} ({unit_of(metric)})" if unit_of(metric) else metric
+    if is_multi_objective(sub):  # the first objective's history (the Pareto front has its own chart)
+        return _quiet(lambda: plot_optimization_history(sub, target=lambda t: t.values[0], target_name=name))
+    fig = _quiet(lambda: plot_optimization_history(sub, target_name=name))
+    if best is not None and best.value is not None:
+        how = "" if best.measured is None or not best.measured.first_excluded else ", the mean of its runs after the first"
+        fig.add_hline(y=best.value, line_dash="dash", line_color="green",
+                      annotation_text=f"the best (study best): trial {best.number}, {with_unit(best.value, metric)}{how}",
+                      annotation_position="bottom right")
+    return fig
 
 
 def _pareto(sub: optuna.Study | None, goals: list[Any]) -> Any:
@@ -184,7 +198,7 @@ def _axis_values(values: list[Any]) -> list[Any]:
     return [_fmt(v) for v in values]
 
 
-def _feasibility_figure(views: list[TrialView], params: list[str], metric: str) -> Any:
+def _feasibility_figure(views: list[TrialRecord], params: list[str], metric: str) -> Any:
     """Every measured trial over the two parameters: feasible ones coloured by the objective,
     stopped ones (load stopped early) as open circles, infeasible ones as crosses, one trace per
     failure kind."""
@@ -198,12 +212,12 @@ def _feasibility_figure(views: list[TrialView], params: list[str], metric: str) 
     ys = _axis_values([v.params[y_name] for v in rows]) if y_name else [0] * len(rows)
     at = {v.number: (x, y) for v, x, y in zip(rows, xs, ys)}
 
-    def hover(v: TrialView) -> str:
+    def hover(v: TrialRecord) -> str:
         lines = [f"trial {v.number}" + (" (baseline)" if v.baseline else ""), f"outcome: {v.outcome}"]
         if v.value is not None:
             lines.append(f"{metric}: {v.value:.4g}")
         if v.failure:
-            lines.append(f"{v.failure_kind}: {_fmt(v.failure.get('message'))[:160]}")
+            lines.append(f"{v.failure_kind}: {_fmt(v.failure.message)[:160]}")
         if v.early_stop:
             lines.append(_fmt(v.early_stop.get("message"))[:160])
         return "<br>".join(html.escape(s) for s in lines)
@@ -221,7 +235,7 @@ def _feasibility_figure(views: list[TrialView], params: list[str], metric: str) 
             name="stopped early", mode="markers", x=[at[v.number][0] for v in stopped],
             y=[at[v.number][1] for v in stopped], text=[hover(v) for v in stopped], hoverinfo="text",
             marker={"size": 11, "symbol": "circle-open", "line": {"width": 2}}))
-    by_kind: dict[str, list[TrialView]] = {}
+    by_kind: dict[str, list[TrialRecord]] = {}
     for v in rows:
         if v.value is None and v.outcome != "stopped":
             by_kind.setdefault(v.failure_kind or v.outcome, []).append(v)
@@ -347,7 +361,7 @@ def _ablation_html(study_name: str, doc: Any) -> str:
     return out
 
 
-def _profile_html(study: optuna.Study, storage: str, best: TrialView | None, metric: str) -> str:
+def _profile_html(study: optuna.Study, storage: str, best: TrialRecord | None, metric: str) -> str:
     """The profile ``autotune export`` writes for the best trial, as its ``sh`` format (``yaml``
     when an env name is not a shell name)."""
     if best is None:
@@ -365,10 +379,10 @@ def _profile_html(study: optuna.Study, storage: str, best: TrialView | None, met
             f"Export it with <code>{_e(cmd)}</code>.</p><pre class=profile>{_e(text)}</pre>")
 
 
-def _trials_html(views: list[TrialView], best: TrialView | None) -> str:
+def _trials_html(views: list[TrialRecord], best: TrialRecord | None) -> str:
     rows = []
     for v in views:
-        msg = _fmt((v.failure or v.early_stop or {}).get("message"))
+        msg = _fmt(v.failure.message if v.failure else (v.early_stop or {}).get("message"))
         rows.append([f"{v.number}" + (" (baseline)" if v.baseline else "") + (" (best)" if best and v.number == best.number else ""),
                      v.outcome, v.state, v.value, v.failure_kind or "", msg if len(msg) <= 200 else msg[:199] + "…",
                      " ".join(f"{k}={_fmt(p)}" for k, p in v.params.items()),
@@ -435,8 +449,9 @@ def build_report(study: optuna.Study, storage: str, *, analysis: Mapping[str, An
         cap = f"<p class=note>{_e(caption)}</p>" if caption else ""
         return f'<div class="{FIGURE_CLASS}" data-figure="{_e(name)}">{figures[name]}</div>{cap}'
 
-    outcomes = Counter(v.outcome for v in views)
-    kinds = Counter(v.failure_kind for v in views if v.failure_kind)
+    outcomes = Counter(str(v.outcome) for v in views)
+    kinds = Counter(str(v.failure_kind) for v in views if v.failure_kind)
+    blames = Counter(f"{v.failure_kind} ({v.blame})" for v in views if v.failure_kind)
     parts: list[str] = []
     parts.append(f"<h1>autotune report: {_e(study.study_name)}</h1>")
     if chosen is not None and best is not None:
@@ -448,12 +463,14 @@ def build_report(study: optuna.Study, storage: str, *, analysis: Mapping[str, An
         summary = (f"{len(views)} trials; objectives: " + ", ".join(f"{g.direction} {g.metric}" for g in goals)
                    + "; no feasible trial yet")
     else:
-        summary = (f"{len(views)} trials; objective: {direction} {metric}"
-                   + (f"; best: trial {best.number}, {metric} = {_fmt(best.value)}" if best else "; no feasible trial yet"))
+        figure_of = "" if best is None or best.measured is None else f" ({backing_text(best.measured)})"
+        summary = (f"{counts_text(views)}; objective: {direction} {metric}"
+                   + (f"; best: trial {best.number}, {metric} = {with_unit(best.value, metric)}{figure_of}"
+                      if best else "; no feasible trial yet"))
     parts.append(f"<p>{_e(summary)}</p>")
     parts.append(_table(["outcome", "trials"], sorted(outcomes.items())))
     if kinds:
-        parts.append(_table(["failure kind", "trials"], kinds.most_common()))
+        parts.append(_table(["failure kind (blamed on)", "trials"], blames.most_common()))
     if problem:
         parts.append(f"<p class=note>The analysis (<code>autotune study explain</code>) failed: {_e(problem)}</p>")
 
@@ -463,9 +480,10 @@ def build_report(study: optuna.Study, storage: str, *, analysis: Mapping[str, An
                             "every measured trial; the front's trials are not beaten on every objective at once"
                             if sub is not None else "no feasible trial yet"))
     parts.append("<h2 id=history>Optimization history</h2>")
-    parts.append(figure("history", lambda: _history(study, metric),
-                        "every measured trial's objective and the best so far; infeasible trials are not measured, "
-                        "and trials stopped early have no final value"
+    parts.append(figure("history", lambda: _history(sub, metric, best),
+                        "every measured trial's objective and the best single run so far; the dashed line is the best "
+                        "as study best chooses it (a configuration measured again is judged on its runs after the "
+                        "first); infeasible trials are not measured, and trials stopped early have no final value"
                         + (f" (the first objective, {metric})" if len(goals) > 1 else "")))
 
     parts.append("<h2 id=importance>Parameter importances</h2>")

@@ -27,11 +27,13 @@ import requests
 from autotune._net import http_ok
 from autotune.early_stop import EarlyStop, StopRule, applies
 from autotune.engines import EnginePreset
-from autotune.failures import COMMON_PATTERNS, FAULT_KINDS, Failure, Pattern, classify, excerpt, find_error
+from autotune.failures import FAULT_KINDS, SERVER_PATTERNS, Failure, Pattern, classify, excerpt, find_error
+from autotune.gpu_check import GPU_BUSY_WAIT_S, Holder, describe, foreign_holders, visible_gpus, wait_until_free
 from autotune.hosts import Host, HostFault, LocalHost, ServerLeftRunning, ServerProcess
 from autotune.load_signals import LoadSignals
 from autotune.loadgen import LoadProgress, Workload, run_load_sync
 from autotune.objective import NamedLoad, Objective
+from autotune.provenance import runner_for
 from autotune.results import ResultParseError, parse_result
 from autotune.secrets import Redactor
 from autotune.stopping import StopRequest
@@ -40,12 +42,15 @@ Outcome = Literal["ok", "stopped", "infeasible", "fault"]
 """ok: measured; stopped: measured until it could not beat the best trials so far (early stopping);
 infeasible: the configuration failed; fault: the infrastructure failed."""
 PhaseCallback = Callable[[str, str], None]
-"""Called as ``on_phase(phase, detail)`` with phase launching | launched | warming | measuring |
-teardown; for ``launched`` the detail is JSON ``{"pgid", "tag", "argv", "port", "host", "niceness"}`` so the
+"""Called as ``on_phase(phase, detail)`` with phase waiting-for-gpus | launching | launched | warming |
+measuring | teardown (waiting-for-gpus: processes autotune did not start hold the trial's GPUs; the
+detail names them); for ``launched`` the detail is JSON ``{"pgid", "tag", "argv", "port", "host", "niceness"}`` so the
 driver can record the server before anything else happens (and kill it on resume if the driver
 died); ``niceness`` is the server's CPU niceness where the host can tell, else null."""
 
 DISK_FULL_TEXT = "No space left on device"
+OOM_KINDS = frozenset({"oom", "not-enough-memory"})
+"""Failures a process holding the GPUs' memory explains: re-checked after teardown (``gpu-busy``)."""
 
 
 POLL_S = 0.1
@@ -116,7 +121,7 @@ class LogWatcher:
     the poll loop nothing more than reading them.
     """
 
-    def __init__(self, path: Path, patterns: Sequence[Pattern] = COMMON_PATTERNS, limit: int = 8 * 1024 * 1024) -> None:
+    def __init__(self, path: Path, patterns: Sequence[Pattern] = SERVER_PATTERNS, limit: int = 8 * 1024 * 1024) -> None:
         self.path = path
         self.patterns = tuple(patterns)
         self._offset = 0
@@ -211,6 +216,7 @@ class TrialRunner:
         secrets: tuple[str, ...] | list[str] = (),
         public: tuple[str, ...] | list[str] = (),
         bench_host: Host | None = None,
+        gpu_busy_wait_s: float = GPU_BUSY_WAIT_S,
     ) -> None:
         self.host = host
         self.bench_host = bench_host or (LocalHost() if host.remote else host)
@@ -229,6 +235,7 @@ class TrialRunner:
         self.stop = stop or StopRequest()
         self.secrets = tuple(secrets)
         self.public = tuple(public)
+        self.gpu_busy_wait_s = gpu_busy_wait_s
 
     def command(self, spec: TrialSpec, port: int | str) -> tuple[list[str], dict[str, str]]:
         """The argv and env (fixed env + the trial's) that launch this trial's server.
@@ -245,7 +252,9 @@ class TrialRunner:
         A stop request (a signal) ends the trial as ``fault``/``interrupted`` after teardown. A
         host that cannot take a launch now (log folder unwritable, disk full) is a ``fault`` and
         nothing is launched; a server that died while its log's disk was full is a ``disk-full``
-        fault, not the configuration's failure.
+        fault, not the configuration's failure. GPUs that processes autotune did not start hold
+        memory on are waited for (``gpu_busy_wait_s``), then a ``gpu-busy`` fault, nothing launched;
+        an out-of-memory failure with such processes there after teardown is a ``gpu-busy`` fault.
         """
         phase_cb = on_phase or (lambda phase, detail: None)
         started = time.monotonic()
@@ -270,6 +279,9 @@ class TrialRunner:
             if self.stop.requested:
                 return self._interrupted(result, watcher)
             self.host.check_launch(log_path)
+            self._check_gpus(env, phase_cb)
+            if self.stop.requested:
+                return self._interrupted(result, watcher)
             if self.preset.serverless:
                 result.argv, result.argv_template, result.port = [], [], 0
                 self._benchmark(spec, None, None, 0, result, phase_cb)
@@ -316,6 +328,8 @@ class TrialRunner:
                 result.signals = watcher.signals
             if result.outcome == "infeasible":
                 self._blame_the_disk(result, watcher, log_path)
+            if result.outcome == "infeasible":
+                self._blame_the_gpus(result, watcher, env)
             _redact(result, redactor, [log_path, self.log_dir / f"trial-{spec.number:04d}.bench.log"])
             result.duration_s = time.monotonic() - started
 
@@ -341,6 +355,45 @@ class TrialRunner:
             cause = result.failure.kind if result.failure else None
             result.outcome = "fault"
             result.failure = Failure("disk-full", f"disk full: {reason}", excerpt(watcher.text), cause=cause)
+
+    def _gpu_host(self) -> Host:
+        """Where the trial's GPU work runs: the server's host, or the benchmark's (``engine: none``)."""
+        return self.bench_host if self.preset.serverless else self.host
+
+    def _foreign(self, env: dict[str, str], wait_s: float | None) -> list[Holder]:
+        """Processes autotune did not start that hold memory on the GPUs ``env`` gives the trial
+        (``CUDA_VISIBLE_DEVICES``; on a local host, ours when ``env`` does not set it); with
+        ``wait_s``, waited for that long (or until a stop request) while any are there."""
+        host = self._gpu_host()
+        gpus = visible_gpus(env if host.remote or "CUDA_VISIBLE_DEVICES" in env else os.environ)
+        run = runner_for(host, timeout_s=30.0)
+        if wait_s is None:
+            return foreign_holders(run, gpus)
+        return wait_until_free(run, gpus, wait_s=wait_s, stopped=lambda: self.stop.requested)
+
+    def _check_gpus(self, env: dict[str, str], phase_cb: PhaseCallback) -> None:
+        """Before a launch: return once no foreign process holds the trial's GPUs (phase
+        ``waiting-for-gpus`` while any do), or on a stop request. Raises HostFault(gpu-busy) naming
+        them if they still do after ``gpu_busy_wait_s``."""
+        holders = self._foreign(env, None)
+        if holders:
+            phase_cb("waiting-for-gpus", f"up to {self.gpu_busy_wait_s:g} s: {describe(holders)}")
+            holders = self._foreign(env, self.gpu_busy_wait_s)
+        if holders and not self.stop.requested:
+            raise HostFault("gpu-busy", f"{describe(holders)}; waited {self.gpu_busy_wait_s:g} s")
+
+    def _blame_the_gpus(self, result: TrialResult, watcher: LogWatcher, env: dict[str, str]) -> None:
+        """An out-of-memory trial whose GPUs, after teardown, hold memory of processes autotune
+        did not start failed because of them: turn it into a ``gpu-busy`` fault (``cause``: the
+        out-of-memory kind)."""
+        f = result.failure
+        if f is None or f.kind not in OOM_KINDS:
+            return
+        holders = self._foreign(env, None)
+        if holders:
+            result.outcome = "fault"
+            result.failure = Failure("gpu-busy", f"{f.kind} while {describe(holders)}", excerpt(watcher.text),
+                                     cause=str(f.kind), phase=f.phase)
 
     # -- phases ---------------------------------------------------------------------------
     def _wait_ready(self, proc: ServerProcess, watcher: LogWatcher, port: int, phase_cb: PhaseCallback,

@@ -114,7 +114,7 @@ from autotune.crash_rules import is_number
 from autotune.failures import MEMORY_KINDS
 from autotune.feasibility import MODELLED_KINDS, FeasibilityModel
 from autotune.load_signals import ATTR as SIGNALS_ATTR, LoadSignals, raises_called_for
-from autotune.study_view import PROPOSED_ATTR
+from autotune.record import PROPOSED_ATTR, cached_trials, failed_kind, is_feasible_measurement, is_measured, set_system_attr
 
 TPE_STARTUP_TRIALS = 4
 """Random trials before TPE models the study (serial; see :func:`tpe_sampler` for parallel)."""
@@ -196,8 +196,7 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
         if not search_space:
             return {}
-        finished = [t for t in study._get_trials(deepcopy=False, use_cache=True)  # noqa: SLF001
-                    if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+        finished = cached_trials(study, (TrialState.COMPLETE, TrialState.PRUNED))
         incumbent = self._incumbent(study, finished) if self.probes else None
         launched = {self._launch_key(t.params) for t in finished}
         self._learn(study, finished, search_space)
@@ -364,7 +363,7 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         # draft tokens" on its scale): such a parameter is kept as the reference has it
         moving = {n for n in search_space
                   if is_number(ref.params[n]) and any(k in self.monotone.get(n, {}) for k in _kinds([ref]))}
-        line = [t for t in finished if t.state == TrialState.PRUNED and all(
+        line = [t for t in finished if _kind(t) and all(
             t.params.get(n) == ref.params[n] for n in search_space if n not in moving)]
         proposal, moved = dict(ref.params), False
         for name in sorted(moving):
@@ -416,7 +415,7 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         targets = raises_called_for(signals, declared, incumbent.params, metrics.get("max_concurrency"))
         if not targets:
             return None
-        in_flight = study._get_trials(deepcopy=False, states=(TrialState.RUNNING,))  # noqa: SLF001
+        in_flight = cached_trials(study, (TrialState.RUNNING,))
         running = {self._launch_key(t.params) for t in in_flight if t.params}
         for name in sorted(targets):
             value = _raised_to(search_space[name], targets[name])
@@ -438,8 +437,7 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
     def _incumbent(study: optuna.Study, finished: list[FrozenTrial]) -> FrozenTrial | None:
         if len(study.directions) > 1:
             return None
-        measured = [t for t in finished if t.state == TrialState.COMPLETE and t.value is not None
-                    and t.user_attrs.get("feasible", True)]
+        measured = [t for t in finished if is_feasible_measurement(t)]
         if not measured:
             return None
         sign = 1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
@@ -467,8 +465,7 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         """A value of ``name`` from the part of its range the measured trials explored least
         (other than the current value's), ties broken at random; ``rank`` 1, 2, ... take the
         next least explored part (cycling), for a redraw."""
-        seen = [t.params[name] for t in finished if name in t.params
-                and (t.state == TrialState.COMPLETE or t.user_attrs.get("outcome") == "stopped")]  # measured
+        seen = [t.params[name] for t in finished if name in t.params and _measured(t)]
         if isinstance(dist, CategoricalDistribution):
             counts = {i: 0 for i in range(len(dist.choices))}
             for v in seen:
@@ -612,16 +609,8 @@ def _worth(p: float, cost_ratio: float) -> float:
     return (1 - p) / (p * cost_ratio + (1 - p)) if p < 1.0 else 0.0
 
 
-def _measured(t: FrozenTrial) -> bool:
-    """A trial whose configuration ran (measured, feasible or not by the objective's constraints,
-    or stopped early): something for TPE to model."""
-    return (t.state == TrialState.COMPLETE or t.user_attrs.get("outcome") == "stopped"
-            or t.user_attrs.get("failure_kind") == "slo-violated")
-
-
-def _kind(t: FrozenTrial) -> str | None:
-    """The failure kind of a trial that did not run (None for one that did)."""
-    return None if _measured(t) else t.user_attrs.get("failure_kind")
+_measured = is_measured
+_kind = failed_kind
 
 
 def _kinds(trials: Sequence[FrozenTrial]) -> set[str]:
@@ -643,7 +632,7 @@ def _raised_to(dist: BaseDistribution, target: float) -> Any:
 
 def _record(study: optuna.Study, trial: FrozenTrial, why: dict[str, Any]) -> None:
     """Store why the sampler proposed ``trial``'s parameters (:data:`~autotune.study_view.PROPOSED_ATTR`)."""
-    study._storage.set_trial_system_attr(trial._trial_id, PROPOSED_ATTR, why)  # noqa: SLF001
+    set_system_attr(study, trial, PROPOSED_ATTR, why)
 
 
 def _key(params: dict[str, Any]) -> tuple[tuple[str, str], ...]:

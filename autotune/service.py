@@ -53,6 +53,7 @@ from autotune.lease import (
     process_start_time,
 )
 from autotune.storage import artifact_dir, has_studies, open_storage
+from autotune.record import Outcome, counts, counts_text, read, read_all
 from autotune.study_view import best_view, is_multi_objective, objectives
 
 START_WAIT_S = 60.0
@@ -203,8 +204,9 @@ def study_status(study: optuna.Study, storage: str, *, now: float | None = None)
 
     Keys: ``study``, ``storage``, ``running`` (a live driver holds the lease), ``driver``
     (``{"pid", "host", "owner", "alive", "heartbeat_age_s"}`` or None), ``trials`` (counts
-    ``done`` = complete + pruned, ``complete``, ``pruned``, ``failed``, ``running``,
-    ``waiting``), ``running_trials`` (``[{"number", "slot", "phase", "phase_s", "baseline"}]``),
+    ``done``: the trials the budget counts, then one count per outcome: ``ok``, ``stopped``,
+    ``infeasible``, ``fault``, ``skipped``, ``running``, ``waiting``; ``text``: the counts as every
+    surface says them), ``running_trials`` (``[{"number", "slot", "phase", "phase_s", "baseline"}]``),
     ``metric``, ``best`` (``{"number", "value", "params"}`` or None; a multi-objective study: the
     trial its rule picks from the Pareto front, with ``values``, and ``objectives``), ``slots`` (as the driver
     last wrote them, which is at its start, on a quarantine and at its end, plus
@@ -218,8 +220,8 @@ def study_status(study: optuna.Study, storage: str, *, now: float | None = None)
     alive = owner is not None and is_alive(owner)
     trials = study.get_trials(deepcopy=False)
 
-    def count(state: TrialState) -> int:
-        return sum(t.state == state for t in trials)
+    records = read_all(study)
+    by = counts(records)
 
     running = [{"number": t.number, "slot": t.user_attrs.get("slot"), "phase": t.user_attrs.get("phase"),
                 "phase_s": None if t.user_attrs.get("phase_since") is None
@@ -240,9 +242,8 @@ def study_status(study: optuna.Study, storage: str, *, now: float | None = None)
         "running": alive,
         "driver": None if owner is None else {"pid": owner.pid, "host": owner.host, "owner": owner.id, "alive": alive,
                                                "heartbeat_age_s": round(max(0.0, now - owner.heartbeat), 1)},
-        "trials": {"done": count(TrialState.COMPLETE) + count(TrialState.PRUNED),
-                   "complete": count(TrialState.COMPLETE), "pruned": count(TrialState.PRUNED),
-                   "failed": count(TrialState.FAIL), "running": len(running), "waiting": count(TrialState.WAITING)},
+        "trials": {"done": sum(r.finished for r in records), **{str(o): by[o] for o in Outcome},
+                   "text": counts_text([r for r in records if r.outcome not in (Outcome.RUNNING, Outcome.WAITING)])},
         "running_trials": running,
         "metric": (attrs.get("objective") or {}).get("metric", "value"),
         "best": None if best is None else {"number": best.number, "value": best.value, "params": best.params,
@@ -301,8 +302,7 @@ def status_lines(doc: dict[str, Any]) -> list[str]:
         who = "not running"
     n = doc["trials"]
     lines = [f"study {name}: {who}",
-             (f"trials: {n['done']} done ({n['complete']} complete, {n['pruned']} pruned), {n['failed']} failed, "
-              f"{n['running']} running, {n['waiting']} waiting")]
+             f"{n['text']}; {n['running']} running, {n['waiting']} waiting"]
     stale = "" if doc["running"] else " (left by a driver that is gone: the next start or resume runs it again)"
     for t in doc["running_trials"]:
         since = "" if t["phase_s"] is None else f" for {t['phase_s']:.0f}s"
@@ -391,5 +391,5 @@ def interrupted_trials(study: optuna.Study, owner: Owner) -> list[int]:
     """Numbers of the trials that the driver ``owner`` ran and recorded ``interrupted`` (user attrs
     ``owner`` and ``failure_kind``): what stopping it interrupted, whatever the hosts' clocks."""
     return [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-            if t.user_attrs.get("owner") == owner.id and t.user_attrs.get("failure_kind") == "interrupted"]
+            if t.user_attrs.get("owner") == owner.id and read(t).failure_kind == "interrupted"]
 

@@ -22,8 +22,12 @@ again when it dropped (between trials that is invisible; during a trial it is a 
   :meth:`ServerProcess.niceness`.
 - **Log.** A thread runs ``tail -c +1 --pid=PGID -F LOG`` over a channel of the same connection
   and appends what arrives to the local ``log_path`` that the runner tails; the tail ends with the
-  server, then prints the exit status on its stderr. After a dropped connection the rest of the
-  log is fetched at teardown when the host answers again.
+  server, then prints the exit status on its stderr. That status is trusted only when the tail
+  ended with it; where it ended without one, or the connection dropped, the host is asked again
+  (a new connection) whether the server still runs and what ``TAG.exit`` holds: a status there
+  is the exit; a server still running, or a host that does not answer, is ``connection-lost``
+  (the environment's fault, never the configuration's). After a dropped connection the rest of
+  the log is fetched at teardown when the host answers again.
 - **Ports.** The server binds 127.0.0.1 on its host; :meth:`SSHHost.endpoint` is the local end of
   an SSH tunnel (a listening socket on 127.0.0.1, each connection a ``direct-tcpip`` channel).
 - **Teardown.** SIGTERM to the group and to every process whose environment carries the tag
@@ -463,6 +467,12 @@ class SSHHost(Host):
         """Send ``sig`` (TERM, KILL, or 0 to send nothing) to group ``pgid`` and to every process
         carrying ``tag``, then wait up to ``wait_s`` for all of them to be gone; returns how many
         are alive (zombies do not count). One remote command."""
+        return self._signal_output(tag, pgid, sig, wait_s)[0]
+
+    def _signal_output(self, tag: str, pgid: int | None, sig: str, wait_s: float = 0.0,
+                       then: str = "") -> tuple[int, str]:
+        """:meth:`_signal`'s count, and the stdout of its command with ``then`` (shell text) run
+        after it."""
         assert sig in ("TERM", "KILL", "0") and re.fullmatch(r"[0-9a-f]+", tag)
         group = str(pgid) if pgid else ""
         rounds = max(0, int(wait_s / 0.1))
@@ -485,12 +495,22 @@ fi
 i=0; n=$(alive)
 while [ "$n" -gt 0 ] && [ $i -lt {rounds} ]; do sleep 0.1; i=$((i+1)); n=$(alive); done
 echo "alive $n"
-"""
+{then}"""
         result = self.run(script)
         m = re.search(r"^alive (\d+)$", result.stdout, re.M)
         if m is None:
             raise HostFault("launch-failed", f"cannot list processes on {self.name}: {' '.join(result.stderr.split())[-200:]}")
-        return int(m.group(1))
+        return int(m.group(1)), result.stdout
+
+    def _server_state(self, tag: str, pgid: int | None, folder: str) -> tuple[int, int | None]:
+        """How many processes of the server (group ``pgid``, or carrying ``tag``) are alive, and
+        the exit status in its ``TAG.exit`` file (None: no such file), read after counting them
+        (a server that exited meanwhile has written its status). One remote command."""
+        status = f"{LOG_DIR}/{tag}.exit"
+        alive, stdout = self._signal_output(
+            tag, pgid, "0", then=f"cd {folder} 2>/dev/null && [ -f {status} ] && echo \"status $(cat {status})\"\n")
+        m = re.search(r"^status (-?\d+)\s*$", stdout, re.M)
+        return alive, int(m.group(1)) if m else None
 
     def _kill(self, tag: str, pgid: int | None, grace_s: float = 0.0, hurry: Callable[[], bool] | None = None) -> None:
         """SIGTERM, up to ``grace_s`` (or until ``hurry()``), then SIGKILL until nothing is left
@@ -540,6 +560,11 @@ echo "alive $n"
                 f.write(result.stdout.encode("utf-8", errors="replace"))
 
 
+def _exit_code(status: int) -> int:
+    """A server's exit code from its wrapper shell's ``$?`` (a signal's as its negative number)."""
+    return -(status - 128) if 128 < status < 128 + 65 else status  # sh reports a signal as 128+N
+
+
 class _SSHProcess(ServerProcess):
     def __init__(self, host: SSHHost, transport: paramiko.Transport, stream: _LogStream, log_path: Path, tag: str,
                  pgid: int, folder: str, port: int | None, gpu_before: list[int] | None,
@@ -555,29 +580,68 @@ class _SSHProcess(ServerProcess):
         self._gpu_before = gpu_before
         self._niceness = niceness
         self._code: int | None = None
+        self._fault: HostFault | None = None
         self._stopped = False
 
     def poll(self) -> int | None:
-        """The exit code once the server has exited (a signal's as its negative number; -1 if
-        unknown), else None.
+        """The exit code once the server has exited (a signal's as its negative number; -1 if it
+        is gone without a status), else None.
+
+        An exit code is trusted only when known: the log stream's, at its normal end. Where the
+        stream ended without one, or the connection dropped, the host is asked again (over a
+        new connection if need be) whether the server still runs and what its ``TAG.exit``
+        holds: a status there is the exit code; a server still running, or a host that does
+        not answer, is the fault below (raised again by later calls).
 
         Raises:
-            HostFault: ``connection-lost`` while it ran (whether it still runs is unknown).
+            HostFault: ``connection-lost`` (the connection dropped while the server ran: not the
+                server's failure), ``log-unwritable`` (the local log).
         """
         if self._code is not None:
             return self._code
+        if self._fault is not None:
+            raise self._fault
         stream = self._stream
+        if not stream.done.is_set() and stream.channel_closed():
+            stream.join(5.0)  # its channel closed (its connection may have dropped): it ends now
         if stream.done.is_set():
-            if stream.lost:
-                raise HostFault("connection-lost", f"lost the connection to {self._host.name} while the server ran")
-            if stream.error:
+            if stream.error and not stream.lost:
                 raise HostFault("log-unwritable", f"cannot write the trial log {self.log_path}: {stream.error}")
-            code = stream.exit_code if stream.exit_code is not None else -1
-            self._code = -(code - 128) if 128 < code < 128 + 65 else code  # sh reports a signal as 128+N
-            return self._code
-        if not self._transport.is_active():
-            raise HostFault("connection-lost", f"lost the connection to {self._host.name} while the server ran")
-        return None
+            if stream.exit_code is not None and not stream.lost:
+                self._code = _exit_code(stream.exit_code)
+                return self._code
+        elif self._transport.is_active():
+            return None
+        try:
+            self._code = self._ask_host(stream.lost or not self._transport.is_active())
+        except HostFault as fault:
+            self._fault = fault
+            raise
+        return self._code
+
+    def _ask_host(self, lost: bool) -> int:
+        """The exit code from the host itself (the log stream brought none; ``lost``: its
+        connection dropped). Two tries: the first may still meet the dropped connection."""
+        host, name = self._host, self._host.name
+        for attempt in (1, 2):
+            try:
+                alive, status = host._server_state(self.tag, self.pgid, self._folder)
+                break
+            except HostFault as fault:
+                if fault.kind in ("host-key-unknown", "host-key-mismatch", "auth-failed"):
+                    raise
+                if attempt == 2:
+                    raise HostFault("connection-lost", f"lost the connection to {name} while the server ran, "
+                                                       f"and cannot ask it again: {fault}") from None
+        if status is not None:
+            return _exit_code(status)
+        if alive:
+            raise HostFault("connection-lost", f"lost the connection to {name} while the server ran "
+                                               f"(it still runs there)")
+        if lost:
+            raise HostFault("connection-lost", f"lost the connection to {name} while the server ran, and the "
+                                               f"server is gone from it without an exit status")
+        return -1
 
     def niceness(self) -> int | None:
         """The niceness the server started at: the remote shell's after the setup line, which the
@@ -612,8 +676,9 @@ class _SSHProcess(ServerProcess):
 
 class _LogStream(threading.Thread):
     """Runs ``command`` (a tail of the remote log) on a channel and appends its stdout to
-    ``log_path``; its stderr, at the end, is the server's exit status. ``lost``: the connection
-    dropped before the command ended."""
+    ``log_path``; its stderr, at the end, is the server's exit status (``exit_code``; None where
+    it printed none). ``lost``: the connection dropped before the command ended (the channel
+    closed without an exit status of its own)."""
 
     def __init__(self, transport: paramiko.Transport, command: str, log_path: Path) -> None:
         super().__init__(name=f"ssh-log-{log_path.name}", daemon=True)
@@ -670,10 +735,18 @@ class _LogStream(threading.Thread):
                 break
             err += part
         if not chan.status_event.wait(5.0) or chan.exit_status == -1:
-            self.lost = not self.transport.is_active()
+            # No exit status: the channel closed with its connection (paramiko closes the
+            # channels before it marks the transport inactive), not at the command's end.
+            self.lost = True
+            return
         text = err.decode(errors="replace").strip()
         if text.lstrip("-").isdigit():
             self.exit_code = int(text)
+
+    def channel_closed(self) -> bool:
+        """Whether the channel has closed: at the command's end, or with its connection (paramiko
+        closes the channels before it marks the transport inactive)."""
+        return self._chan is not None and self._chan.closed
 
     def close(self) -> None:
         if self._chan is not None:

@@ -9,7 +9,7 @@ driver's loop, its baseline (enqueued first), its records and its budget are the
   the incumbent, crash regions weighed by their cost and no repeated configuration), with the
   driver's own study features: proposals an earlier failure implies skipped
   (:mod:`autotune.implied`) and the best confirmed at the budget's end
-  (:mod:`autotune.confirmation`); infeasible trials told PRUNED with a failure constraint.
+  (:mod:`autotune.confirmation`); infeasible trials told with a failure constraint.
 - ``tpe``: the same multivariate TPE alone (:func:`~autotune.samplers.tpe_sampler`), crashes
   told as ``autotune`` tells them, no probes, regions, skips or confirmation.
 - ``random``: the config's ``sampler: random``.
@@ -21,8 +21,8 @@ driver's loop, its baseline (enqueued first), its records and its budget are the
   with its defaults (10 random start-up trials, independent per parameter), told crashes as
   FAIL (a trial that raised is told ``TrialState.FAIL``; Optuna's TPE reads only COMPLETE and
   PRUNED trials, so a FAIL teaches it nothing). It is shown a view of the study without its
-  PRUNED trials, which with TPE are exactly the infeasible ones (:class:`CrashBlindTPESampler`);
-  the trials are recorded as for ``autotune`` (PRUNED, counted by the budget).
+  infeasible trials (:class:`CrashBlindTPESampler`); the trials are recorded as for ``autotune``
+  (counted by the budget).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.driver import SamplerFactory
 from autotune.samplers import tpe_sampler
 from autotune.errors import UsageError
+from autotune.record import Outcome, outcome_of
 from autotune.space import ParamValue, SearchSpace
 
 STRATEGIES = ("autotune", "tpe", "random", "grid", "tpe-naive")
@@ -138,13 +139,12 @@ class DefaultsGridSampler(optuna.samplers.GridSampler):
 
 
 def _crashed(t: FrozenTrial) -> bool:
-    """A trial the driver told PRUNED because it failed (not one stopped early, which measured)."""
-    return t.state == TrialState.PRUNED and t.user_attrs.get("outcome") != "stopped"
+    """A trial whose configuration failed (infeasible, or skipped as implied to fail)."""
+    return outcome_of(t) in (Outcome.INFEASIBLE, Outcome.SKIPPED)
 
 
 class _WithoutPruned:
-    """A read view of a study whose trial lists leave out the infeasible (PRUNED, not stopped)
-    trials (everything else is the study's own)."""
+    """A read view of a study whose trial lists leave out the infeasible (everything else is the study's own)."""
 
     def __init__(self, study: optuna.Study) -> None:
         self._study = study
@@ -167,8 +167,7 @@ class _WithoutPruned:
 class CrashBlindTPESampler(optuna.samplers.BaseSampler):
     """Optuna's TPE with its defaults (``TPESampler(seed=seed)``, what Ray Tune's ``OptunaSearch``
     makes when given no sampler) as if infeasible trials were told FAIL: it samples from a view
-    of the study without PRUNED trials (with TPE the driver tells PRUNED exactly the infeasible
-    trials), so it neither avoids crashing regions nor counts crashes towards its random
+    of the study without them, so it neither avoids crashing regions nor counts crashes towards its random
     start-up, as a FAIL trial would not count."""
 
     def __init__(self, seed: int | None = None) -> None:

@@ -16,27 +16,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+
 
 from autotune._text import counted
 from autotune._stats import mean_interval, t95
 from autotune.errors import StudyNotFoundError
-from autotune.load_signals import ATTR as SIGNALS_ATTR
 from autotune.pareto import Choice, ChoiceRule, Goal, choose
-from autotune.secrets import secret_args_from_attr
+from autotune.record import TrialRecord, read_all
 from autotune.storage import has_studies, open_storage
-
-
-PROPOSED_ATTR = "autotune:proposed"
-"""Trial system attr: why the default sampler (:mod:`autotune.samplers`) proposed the trial's
-configuration, where it was not TPE's (or a start-up) draw: ``{"by": "raise", "param",
-"from", "to", "after": trial, "signal": "queued" | "running-above", "in_flight", "waiting"}``,
-``{"by": "probe", "param", "around": trial}`` (with ``"screen": True`` in the baseline's screen)
-or ``{"by": "back-off"}``."""
+from autotune.units import with_unit
 
 
 def proposal_text(why: dict[str, Any] | None) -> str | None:
-    """Why a trial was proposed, in words (:data:`PROPOSED_ATTR`); None where it does not say."""
+    """Why a trial was proposed, in words (:data:`autotune.record.PROPOSED_ATTR`); None where it does not say."""
     if not why:
         return None
     by = why.get("by")
@@ -66,66 +58,6 @@ def load_text(signals: dict[str, int] | None) -> str | None:
     elif signals.get("queued_max"):
         text += f"; at most {signals['queued_max']} waiting"
     return f"{text} ({signals['lines']} scheduler lines)"
-
-
-@dataclass
-class TrialView:
-    """One trial as a user sees it."""
-
-    number: int
-    state: str
-    outcome: str
-    params: dict[str, Any]
-    value: float | None
-    metrics: dict[str, float]
-    failure: dict[str, Any] | None
-    duration_s: float | None
-    baseline: bool = False
-    env: dict[str, str] = field(default_factory=dict)
-    argv: list[str] = field(default_factory=list)
-    argv_template: list[str] = field(default_factory=list)
-    port: int | None = None
-    startup_s: float | None = None
-    secret_env: list[str] = field(default_factory=list)
-    """Env keys whose stored value is a secret's reference ``${KEY}`` (see :mod:`autotune.secrets`)."""
-    secret_args: dict[int, str] = field(default_factory=dict)
-    """``argv``/``argv_template`` index -> name of the secret referred to there."""
-    slot: str | None = None
-    """The slot the trial ran on (see :mod:`autotune.slots`); None for trials of older versions."""
-    values: list[float] | None = None
-    """Every objective's value of a measured trial (``[value]`` in a single-objective study)."""
-    measured: Measured | None = None
-    """Set on the view :func:`best_view` returns (single-objective): every measurement of its
-    configuration."""
-    early_stop: dict[str, Any] | None = None
-    """Why a ``stopped`` trial's load was stopped (:meth:`autotune.early_stop.EarlyStop.to_json`)."""
-    load_signals: dict[str, int] | None = None
-    """What the engine's scheduler log showed of the load (:mod:`autotune.load_signals`)."""
-    proposed: dict[str, Any] | None = None
-    """Why the sampler proposed this configuration (:data:`PROPOSED_ATTR`); None: TPE's draw,
-    a random start-up draw, the baseline, or a trial of an older version."""
-
-    @property
-    def failure_kind(self) -> str | None:
-        return None if self.failure is None else self.failure.get("kind")
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "number": self.number,
-            "state": self.state,
-            "params": self.params,
-            "value": self.value,
-            "metrics": self.metrics,
-            "outcome": self.outcome,
-            "failure": self.failure,
-            "duration_s": self.duration_s,
-            "baseline": self.baseline,
-            "startup_s": self.startup_s,
-            "slot": self.slot,
-            "early_stop": self.early_stop,
-            "load_signals": self.load_signals,
-            "proposed": self.proposed,
-        }
 
 
 @dataclass(frozen=True)
@@ -196,13 +128,14 @@ class Measured:
 
     def to_json(self) -> dict[str, Any]:
         """``count``/``mean``/``interval95``: the figure and how many measurements back it;
-        ``values``/``trials``: every measurement; ``excluded``: the first run's trial, left out
-        of the figure (None when the configuration was measured once); ``noise``: the pooled
-        noise the interval used (None when it used the runs' own spread, or has none)."""
+        ``values``/``trials``: exactly those measurements; ``excluded``: the first run,
+        ``{"trial", "value"}``, left out of the figure (None when the configuration was measured
+        once); ``noise``: the pooled noise the interval used (None when it used the runs' own
+        spread, or has none)."""
         interval, noise = self.interval95, self.pooled
         return {"count": len(self.backing), "mean": self.mean, "interval95": None if interval is None else list(interval),
-                "values": list(self.values), "trials": list(self.trials),
-                "excluded": self.trials[0] if self.first_excluded else None,
+                "values": list(self.backing), "trials": list(self.backing_trials),
+                "excluded": {"trial": self.trials[0], "value": self.values[0]} if self.first_excluded else None,
                 "noise": None if noise is None else noise.to_json()}
 
 
@@ -275,11 +208,11 @@ def config_key(params: dict[str, Any]) -> str:
     return json.dumps(params, sort_keys=True, default=str)
 
 
-def measured_configs(views: Sequence[TrialView]) -> list[Measured]:
+def measured_configs(views: Sequence[TrialRecord]) -> list[Measured]:
     """The measured configurations of ``views`` (feasible trials grouped by applied parameters),
     in the order of their first measurement, each with the noise pooled over them all
     (:func:`pooled_noise`)."""
-    groups: dict[str, list[TrialView]] = {}
+    groups: dict[str, list[TrialRecord]] = {}
     for v in views:
         if v.value is not None:
             groups.setdefault(config_key(v.params), []).append(v)
@@ -309,46 +242,8 @@ def load_study(name: str, storage: str) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=rdb)
 
 
-def view(t: FrozenTrial) -> TrialView:
-    """The user's view of one stored trial."""
-    ua = t.user_attrs
-    outcome = ua.get("outcome") or {TrialState.RUNNING: "running", TrialState.WAITING: "waiting"}.get(t.state, t.state.name.lower())
-    feasible = bool(ua.get("feasible"))
-    kind = ua.get("failure_kind")
-    failure = None
-    if kind:
-        failure = {"kind": kind, "message": ua.get("failure_message"), "excerpt": ua.get("failure_excerpt") or ""}
-        if ua.get("failure_cause"):
-            failure["cause"] = ua["failure_cause"]
-    values = list(t.values) if (t.state == TrialState.COMPLETE and feasible and t.values) else None
-    value = values[0] if values else None
-    return TrialView(
-        number=t.number,
-        state=t.state.name,
-        outcome=outcome,
-        params=dict(ua.get("applied") or t.params),
-        value=value,
-        metrics=dict(ua.get("metrics") or {}),
-        failure=failure,
-        duration_s=ua.get("duration_s"),
-        baseline=bool(ua.get("baseline")),
-        env=dict(ua.get("env") or {}),
-        argv=list(ua.get("argv") or []),
-        argv_template=list(ua.get("argv_template") or []),
-        port=ua.get("port"),
-        startup_s=ua.get("startup_s"),
-        secret_env=[str(k) for k in ua.get("secret_env") or []],
-        secret_args=secret_args_from_attr(ua.get("secret_args")),
-        slot=ua.get("slot"),
-        values=values,
-        early_stop=ua.get("early_stop") or None,
-        load_signals=ua.get(SIGNALS_ATTR) or None,
-        proposed=t.system_attrs.get(PROPOSED_ATTR) or None,
-    )
-
-
-def trial_views(study: optuna.Study) -> list[TrialView]:
-    return [view(t) for t in study.get_trials(deepcopy=False)]
+def trial_views(study: optuna.Study) -> list[TrialRecord]:
+    return read_all(study)
 
 
 def is_multi_objective(study: optuna.Study) -> bool:
@@ -376,7 +271,7 @@ def choice_rule(study: optuna.Study) -> ChoiceRule:
     return ChoiceRule.from_json((study.user_attrs.get("objective") or {}).get("choose"))
 
 
-def pick(study: optuna.Study, views: list[TrialView] | None = None, rule: ChoiceRule | None = None) -> Choice | None:
+def pick(study: optuna.Study, views: list[TrialRecord] | None = None, rule: ChoiceRule | None = None) -> Choice | None:
     """The Pareto front of a multi-objective study's measured trials and the one ``rule`` (default:
     the study's) picks; None when no trial was measured."""
     rows = [v for v in (trial_views(study) if views is None else views) if v.values is not None]
@@ -391,7 +286,7 @@ LUCK_SDS = 2.0
 be the best (:func:`best_of`): about the luck of the best of a few dozen near-equal runs."""
 
 
-def best_view(study: optuna.Study) -> TrialView | None:
+def best_view(study: optuna.Study) -> TrialRecord | None:
     """The best configuration by its figure (:attr:`Measured.mean`), or None when nothing is
     feasible; in a multi-objective study the trial :func:`pick` picks from the Pareto front.
 
@@ -409,7 +304,7 @@ def best_view(study: optuna.Study) -> TrialView | None:
     return best_of(trial_views(study), study.direction == optuna.study.StudyDirection.MAXIMIZE)
 
 
-def best_of(views: Sequence[TrialView], maximize: bool) -> TrialView | None:
+def best_of(views: Sequence[TrialRecord], maximize: bool) -> TrialRecord | None:
     """:func:`best_view` over ``views``.
 
     A configuration measured once does not displace a confirmed one (measured again, its figure
@@ -431,7 +326,15 @@ def best_of(views: Sequence[TrialView], maximize: bool) -> TrialView | None:
         if noise is not None and sign * (best.mean - rival.mean) <= LUCK_SDS * noise.sd * abs(rival.mean):
             best = rival
     first = next(v for v in views if v.number == best.trials[0])
-    return dataclasses.replace(first, value=best.mean, measured=best)
+    return dataclasses.replace(first, value=best.mean, measured=best,
+                               metrics=_mean_metrics([v for v in views if v.number in best.backing_trials]))
+
+
+def _mean_metrics(views: Sequence[TrialRecord]) -> dict[str, float]:
+    """Each metric every one of ``views`` has, averaged over them: the metrics of a figure that is
+    the mean of several runs (its objective's metric equals the figure)."""
+    keys = set.intersection(*(set(v.metrics) for v in views)) if views else set()
+    return {k: sum(float(v.metrics[k]) for v in views) / len(views) for k in sorted(keys)}
 
 
 def show_json(study: optuna.Study) -> dict[str, Any]:
@@ -451,8 +354,37 @@ def show_json(study: optuna.Study) -> dict[str, Any]:
     return doc
 
 
-def best_json(v: TrialView) -> dict[str, Any]:
-    """``study best --json``."""
+def best_moved(before: TrialRecord | None, after: TrialRecord | None, metric: str | None) -> str | None:
+    """Why the best moved from ``before`` to ``after`` (as :func:`best_view` chose each), in
+    words; None where it did not move. A best can go down: a configuration measured again is
+    judged on its runs after the first, which read lower than the lucky first one."""
+    if after is None or after.value is None:
+        return None
+    shown = with_unit(after.value, metric)
+    runs = after.measured
+    backing = "" if runs is None else f" ({backing_text(runs)})"
+    if before is None or before.value is None:
+        return f"best {shown}: trial {after.number}{backing}"
+    if before.number == after.number:
+        if abs(before.value - after.value) <= 1e-9 * max(1.0, abs(before.value)):
+            return None
+        return (f"best {with_unit(before.value, metric)} -> {shown}: trial {after.number}'s configuration measured "
+                f"again{backing}")
+    if before.measured is not None and after.measured is not None and before.number in after.measured.trials:
+        return None
+    return (f"best {with_unit(before.value, metric)} -> {shown}: now trial {after.number}{backing}"
+            + ("; the former best measured again read lower" if _lower_now(before, after) else ""))
+
+
+def _lower_now(before: TrialRecord, after: TrialRecord) -> bool:
+    """Whether ``after`` took the lead at no better figure than ``before`` had: ``before``'s
+    configuration fell when it was measured again."""
+    return after.value is not None and before.value is not None and abs(after.value) <= abs(before.value)
+
+
+def best_json(v: TrialRecord) -> dict[str, Any]:
+    """``study best --json``: ``value`` is the configuration's figure and ``metrics`` the mean of
+    the same runs' metrics (:attr:`Measured.backing`), so the objective's metric there is the value."""
     out = {"number": v.number, "params": v.params, "value": v.value, "metrics": v.metrics,
            "env": v.env, "argv": v.argv}
     if v.measured is not None:
@@ -460,7 +392,7 @@ def best_json(v: TrialView) -> dict[str, Any]:
     return out
 
 
-def front_json(study: optuna.Study, views: list[TrialView], chosen: Choice) -> dict[str, Any]:
+def front_json(study: optuna.Study, views: list[TrialRecord], chosen: Choice) -> dict[str, Any]:
     """What ``study best --json`` adds for a multi-objective study: the chosen trial's ``values``,
     the ``objectives``, the ``choice`` (rule, its text, the trial, the front's numbers) and the
     ``pareto_front`` (each trial on it: number, params, values, metrics)."""

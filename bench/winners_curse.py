@@ -31,7 +31,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune._stats import t95  # noqa: E402
-from autotune.study_view import TrialView, measured_configs  # noqa: E402
+from autotune.study_view import measured_configs  # noqa: E402
+from autotune.record import TrialRecord
 
 N = 40
 NOISE = 0.02
@@ -89,7 +90,7 @@ def intervals(spread: float, after: tuple[int, ...], reps: int,
         if not math.isnan(half):
             out["after-first"].append((abs(mean - truth) <= half, half / mean))
         # what `study best` does now: autotune.study_view's own figure and interval
-        best = measured_configs([TrialView(i, "COMPLETE", "ok", {"c": int(c)}, float(v), {}, None, None)
+        best = measured_configs([TrialRecord(i, "COMPLETE", "ok", {"c": int(c)}, float(v), {}, None, None)
                                  for i, (c, v) in enumerate([(c, first[c]) for c in cand]
                                                             + [(c, x) for c, f in zip(cand, fresh) for x in f])])[b]
         lo, hi = best.interval95  # type: ignore[misc]

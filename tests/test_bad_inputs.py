@@ -607,7 +607,7 @@ def test_progress_shows_markup_as_written(tmp_path: Path, terminal: bool) -> Non
     reporter.phase(0, "[/phase]", "[/detail]")
     reporter.trial_finished(TrialResult(0, "ok", metrics={"m": 1.0}, duration_s=1.0), 1.0, 1.0)
     reporter.trial_started(1, {"p": "[bold]"}, False)
-    failure = Failure("[/kind]", "[/message] x", "[/excerpt]")
+    failure = Failure("crash", "[/kind] [/message] x", "[/excerpt]")
     reporter.trial_finished(TrialResult(1, "infeasible", failure=failure, duration_s=1.0), None, 1.0)
     reporter.study_finished(study, "[/reason] stopped")
     text = buf.getvalue()

@@ -21,6 +21,7 @@ import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
+from autotune.record import read
 from autotune.bench_tuner import (BENCH_ENV, BenchOptions, Setup, StudyTask, StudyTrace, _Clock, _trace, goals, scratch_dir,
                                   summarize)
 from autotune.driver import Driver, make_sampler
@@ -197,7 +198,7 @@ def test_stopped_trials_are_measured_not_infeasible_and_tpe_runs_the_same_search
     assert ex.spent_s < full_ex.spent_s
     costs = {c.number: c for c in ex.costs}
     for t in stopped:
-        assert t.state == TrialState.PRUNED and t.constraints["failure"] < 0  # TPE: below complete, not infeasible
+        assert t.state == TrialState.PRUNED and read(t).constraints["failure"] < 0  # TPE: below complete, not infeasible
         assert t.intermediate_values and not t.user_attrs["feasible"]
         assert t.user_attrs["early_stop"]["bound"] < t.user_attrs["early_stop"]["beat"] <= best.value
         assert costs[t.number].seconds < costs[t.number].full_seconds
@@ -250,15 +251,17 @@ def test_grid_visits_grid_points_with_every_other_parameter_at_its_default(tmp_p
 def test_tpe_naive_records_crashes_like_autotune_but_its_tpe_does_not_see_them(tmp_path: Path) -> None:
     study = _study(tmp_path, "tpe-naive", 3)
     infeasible = [t for t in study.get_trials() if t.user_attrs.get("outcome") == "infeasible"]
-    assert infeasible and all(t.state == TrialState.PRUNED for t in infeasible)  # as the driver records them
+    assert infeasible and all(t.state == TrialState.COMPLETE and read(t).constraints["failure"] > 0
+                              for t in infeasible)  # as the driver records them
     # What TPE is shown: 5 measured and 5 crashed trials. The driver's TPE counts all 10 towards
     # its 8 random start-up trials and models the study; the crash-blind one sees 5 and stays random.
     probe = optuna.create_study(direction="maximize")
     dist = {"x": FloatDistribution(0.0, 1.0)}
     for i in range(10):
-        state = TrialState.COMPLETE if i % 2 else TrialState.PRUNED
-        probe.add_trial(create_trial(params={"x": i / 10}, distributions=dist, state=state,
-                                     value=float(i) if state == TrialState.COMPLETE else None))
+        probe.add_trial(create_trial(params={"x": i / 10}, distributions=dist, state=TrialState.COMPLETE,
+                                     value=float(i) if i % 2 else -1.0,
+                                     system_attrs={"constraints": [-1.0 if i % 2 else 1.0]},
+                                     user_attrs={"outcome": "ok" if i % 2 else "infeasible"}))
     for sampler, modelled in ((make_sampler("tpe", 0), True), (CrashBlindTPESampler(0), False)):
         probe.sampler = sampler
         trial = probe.ask()

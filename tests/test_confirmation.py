@@ -20,7 +20,8 @@ from autotune.confirmation import next_run, reserve
 from autotune.driver import Driver
 from autotune.model_executor import ModelExecutor
 from autotune._stats import t95
-from autotune.study_view import Measured, TrialView, best_json, best_view, measured_configs, trial_views
+from autotune.study_view import Measured, best_json, best_view, measured_configs, trial_views
+from autotune.record import TrialRecord
 
 
 def _m(x: float, *values: float) -> Measured:
@@ -67,7 +68,8 @@ def test_the_best_is_chosen_on_the_runs_that_confirmed_it() -> None:
     assert best is not None and best.number == 1 and best.value == pytest.approx(990.0)
     doc = best_json(best)
     m = doc["measurements"]
-    assert m["count"] == 2 and m["trials"] == [1, 3, 4] and m["values"] == [990.0, 994.0, 986.0] and m["excluded"] == 1
+    assert m["count"] == 2 and m["trials"] == [3, 4] and m["values"] == [994.0, 986.0]
+    assert m["excluded"] == {"trial": 1, "value": 990.0}
     lo, hi = m["interval95"]
     assert lo < 990.0 < hi
     assert [m.count for m in measured_configs(trial_views(study))] == [2, 3]
@@ -108,7 +110,7 @@ def test_the_first_run_is_left_out_however_it_read() -> None:
     read low is left out too (the figure is then higher than the mean of all)."""
     low = Measured({"x": 1}, (900.0, 1000.0, 1010.0), (3, 8, 9))
     assert low.mean == pytest.approx(1005.0) and low.backing == (1000.0, 1010.0) and low.backing_trials == (8, 9)
-    assert low.to_json()["count"] == 2 and low.to_json()["excluded"] == 3
+    assert low.to_json()["count"] == 2 == len(low.to_json()["values"]) and low.to_json()["excluded"]["trial"] == 3
     once = Measured({"x": 1}, (900.0,), (3,))
     assert once.mean == 900.0 and once.interval95 is None and once.to_json()["count"] == 1
 
@@ -145,10 +147,11 @@ def test_study_best_reports_how_many_measurements_back_the_figure(tmp_path: Path
     run = [sys.executable, "-m", "autotune", "study", "best", "confirm", "--storage", f"sqlite:///{tmp_path}/c.db"]
     doc = json.loads(subprocess.run([*run, "--json"], capture_output=True, text=True, check=True).stdout)
     m = doc["measurements"]
-    assert m["count"] >= 1 and len(m["trials"]) == m["count"] + 1 and doc["value"] == pytest.approx(m["mean"])
-    assert m["excluded"] == m["trials"][0] == doc["number"]
+    assert m["count"] >= 1 and len(m["trials"]) == m["count"] == len(m["values"]) and doc["value"] == pytest.approx(m["mean"])
+    assert m["excluded"]["trial"] == doc["number"] and doc["number"] not in m["trials"]
+    assert doc["metrics"]["output_throughput"] == pytest.approx(doc["value"], rel=1e-6)  # the same runs' metrics
     text = subprocess.run(run, capture_output=True, text=True, check=True).stdout
-    first = f"its first run (trial {m['excluded']}: "
+    first = f"its first run (trial {m['excluded']['trial']}: "
     if m["count"] >= 2:
         assert f"mean of {m['count']} measurements after the first" in text and "95% interval" in text and first in text
     else:
@@ -170,7 +173,7 @@ def test_the_interval_pools_the_noise_of_every_configuration_measured_again() ->
     rows = [({"x": 1}, 1000.0), ({"x": 2}, 990.0), ({"x": 1}, 960.0), ({"x": 1}, 980.0), ({"x": 2}, 1010.0),
             ({"x": 2}, 970.0), ({"x": 3}, 900.0), ({"x": 3}, 905.0)]
     for number, (params, value) in enumerate(rows):
-        views.append(TrialView(number, "COMPLETE", "ok", params, value, {}, None, None))
+        views.append(TrialRecord(number, "COMPLETE", "ok", params, value, {}, None, None))
     one, two, three = measured_configs(views)
     assert one.noise is not None and one.noise == two.noise == three.noise
     assert (one.mean, two.mean, three.mean) == (970.0, 990.0, 905.0)  # the runs after the first

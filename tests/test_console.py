@@ -148,7 +148,7 @@ def test_the_live_line_of_one_trial_fits_80_columns_whole() -> None:
     reporter.trial_started(13, {"p": 1}, False, "")
     reporter.phase(13, "measuring", "140/192 requests")
     line = _LiveStatus(reporter).__rich__()
-    assert line.plain.startswith("demo 3/20 done  best 634.2  total ") and line.plain.endswith("s")
+    assert line.plain.startswith("demo 3/20 done  best 634.2 tok/s  0s  trial 13 ") and line.plain.endswith("s")
     assert "trial 13 measuring 140/192 requests" in line.plain and cell_len(line.plain) <= 80, line.plain
 
 

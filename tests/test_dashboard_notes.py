@@ -106,7 +106,9 @@ def test_notes_read_like_study_show_through_the_wsgi_app(recorded: Recorded, tmp
     sid, trials = _api_trials(app, RECORDED)
     assert [(t["state"], shown[n]["outcome"], shown[n]["failure"] and shown[n]["failure"]["kind"])
             for n, t in sorted(trials.items())] == [
-        ("Pruned", "infeasible", "nccl-error"), ("Pruned", "infeasible", "oom"), ("Complete", "ok", None)]
+        ("Complete", "infeasible", "nccl-error"), ("Complete", "infeasible", "oom"), ("Complete", "ok", None)]
+    for n, t in trials.items():  # the dashboard tells a crash from a measurement by its constraint
+        assert (t["constraints"][0] > 0) == (shown[n]["outcome"] == "infeasible"), t["constraints"]
     for n, t in trials.items():
         note = t["note"]["body"]
         row = shown[n]
@@ -118,7 +120,7 @@ def test_notes_read_like_study_show_through_the_wsgi_app(recorded: Recorded, tmp
             kind, message = row["failure"]["kind"], row["failure"]["message"]
             plain = re.sub(r"\\([\\`*_\[\]<>|~&])", r"\1", note)  # Markdown's escapes undone
             assert f"**Failure:** `{kind}`: " in note and f"`{kind}`: {message[:60]}" in plain
-            assert "Optuna records an infeasible trial as *Pruned*" in note
+            assert "Optuna records an infeasible trial as *Complete*" in note
             assert "Key lines of the server log:\n\n```text\n" in note
             assert message[:60] in note.split("```text\n")[1], "the failure's own line is a key line"
             assert "violated" in note
@@ -141,24 +143,24 @@ def test_notes_read_like_study_show_through_the_wsgi_app(recorded: Recorded, tmp
     assert _api_trials(app, RECORDED)[1][0]["note"]["body"] == nccl
 
 
-def test_constraints_are_mirrored_into_user_attrs_before_tell() -> None:
-    from autotune.notes import mirror_constraints, write_trial_note
+def test_constraints_are_stored_where_sampler_and_dashboard_read_them() -> None:
+    from optuna_dashboard import get_note
+
+    from autotune import record
+    from autotune.notes import write_trial_note
 
     study = optuna.create_study(direction="maximize")
     trial = study.ask()
     trial.suggest_float("x", 0, 1)
     trial.set_user_attr("outcome", "infeasible")
     trial.set_user_attr("failure_kind", "oom")
-    trial.set_constraint("failure", 1.0)
-    trial.set_constraint("slo:p99_ttft_ms <= 500", -0.5)
-    assert mirror_constraints(trial) == {"failure": 1.0, "slo:p99_ttft_ms <= 500": -0.5}
-    study.tell(trial, state=TrialState.PRUNED)
+    record.set_constraints(trial, {"failure": 1.0, "slo:p99_ttft_ms <= 500": -0.5})
+    record.tell(study, trial, record.Outcome.INFEASIBLE, fill=record.placeholder(study, [("m", "maximize")]))
     (t,) = study.trials
+    assert t.state == TrialState.COMPLETE and t.system_attrs["constraints"] == [1.0, -0.5]
     assert t.user_attrs["constraint_failure"] == 1.0 and t.user_attrs["constraint_slo:p99_ttft_ms <= 500"] == -0.5
     body = write_trial_note(study, trial.number)
     assert "| failure | `1` | violated |" in body and "| slo:p99\\_ttft\\_ms \\<= 500 | `-0.5` | met |" in body
-    from optuna_dashboard import get_note
-
     assert get_note(trial) == body
 
 
@@ -186,7 +188,7 @@ def test_the_dashboard_in_a_real_browser(recorded: Recorded, tmp_path: Path) -> 
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000, shot.stat().st_size
         # The note of the NCCL crash, rendered from Markdown by the dashboard.
         assert "Trial 0: infeasible (nccl-error)" in got.text
-        assert "Optuna records an infeasible trial as Pruned" in got.text
+        assert "Optuna records an infeasible trial as Complete" in got.text
         assert "NCCL" in got.text.split("Key lines of the server log")[1] and "violated" in got.text
         if os.environ.get("AUTOTUNE_KEEP_SCREENSHOT"):
             shutil.copy(shot, os.environ["AUTOTUNE_KEEP_SCREENSHOT"])
@@ -199,9 +201,9 @@ def test_a_stopped_trials_note_does_not_show_its_partial_metrics_as_its_figure()
     note says what it measured (the bound), and heads the metrics as the requests done before
     the stop, none of them in bold as the objective."""
     from autotune.notes import trial_note
-    from autotune.study_view import TrialView
+    from autotune.record import TrialRecord
 
-    stopped = TrialView(13, "PRUNED", "stopped", {"x": 1}, None,
+    stopped = TrialRecord(13, "PRUNED", "stopped", {"x": 1}, None,
                         {"output_throughput": 0.0, "completed": 0.0, "cancelled": 192.0}, None, 7.9,
                         early_stop={"message": "at 31% of the load: output_throughput could reach at most 587.9, "
                                                "below 669.8"})
@@ -209,6 +211,6 @@ def test_a_stopped_trials_note_does_not_show_its_partial_metrics_as_its_figure()
     assert "**Stopped early** at 31% of the load" in note and "at most 587.9" in note
     assert "| metric (requests done before the stop) | value |" in note
     assert "**output\\_throughput**" not in note and "| output\\_throughput | `0` |" in note
-    ok = trial_note(TrialView(1, "COMPLETE", "ok", {"x": 1}, 675.4, {"output_throughput": 675.4}, None, 7.7),
+    ok = trial_note(TrialRecord(1, "COMPLETE", "ok", {"x": 1}, 675.4, {"output_throughput": 675.4}, None, 7.7),
                     metric="output_throughput")
     assert "| metric | value |" in ok and "| **output\\_throughput** | `675.4` |" in ok

@@ -31,7 +31,7 @@ from autotune.secrets import (
     is_secret_flag,
     is_secret_name,
 )
-from autotune.study_view import TrialView
+from autotune.record import TrialRecord
 
 DUMP = "import json, os, sys; json.dump({'argv': sys.argv[1:], 'env': dict(os.environ)}, sys.stdout)"
 """The 'server' of a test profile: prints the argv and env it was started with."""
@@ -50,15 +50,15 @@ ENV_NAMES = st.from_regex(r"AT_[A-Za-z0-9_]{0,8}", fullmatch=True)
 
 
 def trial(env: dict[str, str], args: list[str], params: dict[str, Any] | None = None, *,
-          secret_env: list[str] | None = None, secret_args: dict[int, str] | None = None) -> TrialView:
+          secret_env: list[str] | None = None, secret_args: dict[int, str] | None = None) -> TrialRecord:
     """A trial view whose server is the DUMP program with ``args`` (the port as ``{port}``)."""
     template = [sys.executable, "-c", DUMP, *args]
-    return TrialView(number=3, state="COMPLETE", outcome="ok", params=params or {}, value=1.5, metrics={},
+    return TrialRecord(number=3, state="COMPLETE", outcome="ok", params=params or {}, value=1.5, metrics={},
                      failure=None, duration_s=1.0, env=env, argv=[w.replace("{port}", "1") for w in template],
                      argv_template=template, secret_env=secret_env or [], secret_args=secret_args or {})
 
 
-def rendered(fmt: str, best: TrialView, study: str = "s", **options: Any) -> str:
+def rendered(fmt: str, best: TrialRecord, study: str = "s", **options: Any) -> str:
     return render(fmt, profile(study, "tok_s", "maximize", best, PORT, **options))
 
 
@@ -138,7 +138,7 @@ KEY = "sk-abc`touch INJECTED`123"
 PASS = "p@ss word"
 
 
-def secret_trial() -> tuple[TrialView, list[str]]:
+def secret_trial() -> tuple[TrialRecord, list[str]]:
     """A trial whose env and argv were redacted by the real Redactor, as the driver stores it."""
     env = {"HF_TOKEN": HF, "AT_PLAIN": "${HF_TOKEN}", "TOKENIZERS_PARALLELISM": "false"}
     args = ["--api-key", KEY, "--db-password=" + PASS, "--max-total-tokens", "4096", "--note", "${API_KEY}",
@@ -146,7 +146,7 @@ def secret_trial() -> tuple[TrialView, list[str]]:
     template = [sys.executable, "-c", DUMP, *args]
     redactor = Redactor(env, template)
     launch = redactor.launch(env, template)
-    best = TrialView(number=1, state="COMPLETE", outcome="ok", params={}, value=2.0, metrics={}, failure=None,
+    best = TrialRecord(number=1, state="COMPLETE", outcome="ok", params={}, value=2.0, metrics={}, failure=None,
                      duration_s=1.0, env=launch.env, argv=launch.argv, argv_template=launch.argv,
                      secret_env=launch.secret_env, secret_args=launch.secret_args)
     return best, args

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pytest
+
 from autotune.failures import classify, excerpt, find_error
 
 
@@ -29,10 +31,29 @@ def test_graph_capture_oom_and_not_enough_memory() -> None:
     assert classify(nem, phase="launching", exit_code=1).kind == "not-enough-memory"
 
 
-def test_failure_under_load_keeps_the_cause() -> None:
+def test_an_oom_is_oom_in_every_phase_with_the_phase_beside_it() -> None:
     log = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.5 GiB\nRank 0 scheduler is dead."
     f = classify(log, phase="measuring", exit_code=None)
-    assert f.kind == "crash-under-load" and f.cause == "oom"
+    assert (f.kind, f.phase, f.blame) == ("oom", "load", "configuration")
+    f = classify(log, phase="launching", exit_code=1)
+    assert (f.kind, f.phase) == ("oom", "start-up")
+    f = classify("Exception: Capture cuda graph failed: CUDA out of memory", phase="launching", exit_code=1)
+    assert (f.kind, f.phase) == ("oom", "graph-capture")
+    f = classify("hello\nbye", phase="measuring", exit_code=-9)
+    assert (f.kind, f.phase) == ("crash-under-load", "load")
+
+
+def test_every_kind_has_one_blame_and_an_unknown_kind_is_refused() -> None:
+    from autotune.failures import FAULT_KINDS, INFEASIBLE_KINDS, FailureKind, Failure, pattern
+
+    assert not INFEASIBLE_KINDS & FAULT_KINDS
+    assert INFEASIBLE_KINDS | FAULT_KINDS == {k.value for k in FailureKind}
+    assert Failure("gpu-busy", "m", "").blame == "environment" and not Failure("gpu-busy", "m", "").infeasible
+    assert Failure("interrupted", "m", "").blame == "tuner"
+    with pytest.raises(ValueError, match="unknown failure kind 'oops'"):
+        Failure("oops", "m", "")
+    with pytest.raises(ValueError, match="unknown failure kind"):
+        pattern("ooom", "x")
 
 
 def test_unrecognised_exit_and_missing_command() -> None:

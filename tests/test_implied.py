@@ -12,6 +12,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autotune.record import read
 from autotune.bench_tuner import Setup
 from autotune.crash_rules import is_number
 from autotune.driver import Driver, finished_trials
@@ -130,7 +131,8 @@ def test_the_driver_skips_an_implied_oom_without_launching_it(tmp_path: Path) ->
     assert len(skipped) >= 1
     first = skipped[0]
     assert first.params["mem_fraction_static"] == 0.9 and first.user_attrs["implied_by"] == base.number
-    assert first.state == TrialState.PRUNED and first.constraints == {"failure": 1.0}  # the sampler learns it is infeasible
+    assert first.state == TrialState.COMPLETE and read(first).constraints == {"failure": 1.0}  # the sampler learns it is infeasible
+    assert first.system_attrs["constraints"] == [1.0]
     assert first.user_attrs["failure_kind"] == "oom" and first.user_attrs["duration_s"] == 0.0
     launched = {c.number for c in ex.costs}
     assert first.number not in launched and len(launched) == 3 == len(finished_trials(run.study))

@@ -337,7 +337,7 @@ def test_report_has_every_section_escaped_and_renders(tmp_path: Path) -> None:
 
 def test_importances_and_the_map_parameters_from_the_analysis() -> None:
     from autotune.report import importance_sets, top_parameters
-    from autotune.study_view import TrialView
+    from autotune.record import TrialRecord
 
     def row(name: str, imp: float | None, lo: float | None = None, hi: float | None = None,
             verdict: str | None = None) -> dict[str, Any]:
@@ -353,11 +353,11 @@ def test_importances_and_the_map_parameters_from_the_analysis() -> None:
                                                              ("feasibility", None)]
     assert sets[1]["rows"] == [row("b", 0.6, 0.4, 0.8, "effect"), row("c", None, verdict="not varied")]
     # The map's parameters: by importance, then those the rules name, then the rest.
-    views = [TrialView(0, "COMPLETE", "ok", {"a": 1, "b": 2, "c": 3, "d": 4}, 1.0, {}, None, 1.0)]
+    views = [TrialRecord(0, "COMPLETE", "ok", {"a": 1, "b": 2, "c": 3, "d": 4}, 1.0, {}, None, 1.0)]
     assert top_parameters(sets[1]["rows"], [], views) == ["b", "a"]
     assert top_parameters([], [{"conditions": [{"param": "d", "op": "=", "value": 4}]}], views) == ["d", "a"]
     # with nothing rated, an axis the trials varied before one they held (one value maps nothing)
-    views.append(TrialView(1, "COMPLETE", "ok", {"a": 1, "b": 2, "c": 5, "d": 6}, 1.0, {}, None, 1.0))
+    views.append(TrialRecord(1, "COMPLETE", "ok", {"a": 1, "b": 2, "c": 5, "d": 6}, 1.0, {}, None, 1.0))
     assert top_parameters([], [], views) == ["c", "d"]
 
 

@@ -10,7 +10,8 @@ from optuna.trial import TrialState, create_trial
 from autotune.driver import make_sampler
 from autotune.load_signals import ATTR as SIGNALS_ATTR, LoadSignals
 from autotune.samplers import CrashAwareTPESampler, failed_moves, refused
-from autotune.study_view import PROPOSED_ATTR, proposal_text
+from autotune.study_view import proposal_text
+from autotune.record import PROPOSED_ATTR
 
 DISTS = {"algo": CategoricalDistribution(["Ring", "Tree", "unset"]), "mem": FloatDistribution(0.5, 0.95)}
 MONOTONE = {"mem": {"oom": "up"}}

@@ -535,3 +535,116 @@ def test_an_unreachable_host_is_a_fault(tmp_path: Path) -> None:
     with pytest.raises(HostFault) as raised:
         h.check_launch(tmp_path / "x.log")
     assert raised.value.kind == "host-unreachable" and "cannot connect" in str(raised.value)
+
+
+# -- 6: a dropped session is the environment's fault, whenever it drops -----------------------------
+def drop_sessions(sshd: Sshd) -> list[int]:
+    """SIGKILL only the per-connection sshd processes of ``sshd`` (the network dropping): what
+    the sessions started (shells, the log tail, the server in its own session) is left alone."""
+    assert sshd.proc is not None
+    killed = []
+    for pid in _descendants(sshd.proc.pid):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() != "sshd":
+                continue
+            os.kill(pid, signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue
+        killed.append(pid)
+    assert killed, "no sshd session to drop"
+    return killed
+
+
+def running_phase(tmp: Path, name: str) -> tuple[str, str] | None:
+    """The study's RUNNING trial's (server tag, phase), once it launched."""
+    try:
+        study = load(tmp, name)
+    except KeyError:
+        return None
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        if t.user_attrs.get("server_tag"):
+            return str(t.user_attrs["server_tag"]), str(t.user_attrs.get("phase", ""))
+    return None
+
+
+# A load that lasts a few seconds on the simulated host (requests arrive at 4 a second), so that
+# the session can be dropped while it runs.
+PACED = {"load": {"concurrency": 4, "num_prompts": 16, "input_len": 32, "output_len": 8, "warmup_prompts": 1,
+                  "request_rate": 4.0}}
+
+
+@pytest.mark.parametrize("during", ["launching", "measuring"])
+def test_a_session_dropped_mid_trial_is_a_fault_retried_never_the_configuration_s(
+        own_sshd: Sshd, tmp_path: Path, launched: list[str], during: str) -> None:
+    """Only the SSH session dies (its sshd processes), during start-up or while the load runs;
+    the server on the host runs on. The exit status is unknown: the host is asked again, says
+    the server still runs, and the trial is a connection-lost fault, run again, its server killed."""
+    name = f"session-{during}"
+    cfg = write_study(tmp_path, name, own_sshd, load=PACED if during == "measuring" else LOAD)
+    driver = subprocess.Popen([sys.executable, "-m", "autotune", "study", "start", str(cfg)], cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        tag, _ = wait_for(f"a trial in phase {during}",
+                          lambda: (found := running_phase(tmp_path, name)) and found[1] == during and found)
+        launched.append(tag)
+        drop_sessions(own_sshd)
+        _, err = driver.communicate(timeout=240)
+    finally:
+        driver.kill()
+    assert driver.returncode == 0, err
+    trials = show(tmp_path, name)["trials"]
+    assert not [t for t in trials if t["outcome"] == "infeasible"], trials
+    first, retry = trials
+    assert first["state"] == "FAIL" and first["outcome"] == "fault", first
+    assert first["failure"]["kind"] == "connection-lost" and "still runs" in first["failure"]["message"], first
+    assert retry["params"] == first["params"] and retry["outcome"] == "ok", trials
+    attrs = load(tmp_path, name).trials[0].user_attrs
+    assert (attrs.get("startup_s") is None) == (during == "launching"), attrs  # before ready, or after it
+    assert attrs["server_tag"] == tag
+    assert_gone(tag, attrs["port"])  # the teardown reached the host again and killed the server there
+    assert not load(tmp_path, name).user_attrs.get("servers_left")
+    assert "(baseline: infeasible)" not in err
+
+
+WAITER = """
+import os, sys, time
+print("waiting", flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+print("exiting", flush=True)
+sys.exit(3)
+"""
+
+
+def test_an_exit_status_is_trusted_only_when_known(own_sshd: Sshd, tmp_path: Path, launched: list[str]) -> None:
+    """The session drops; the host, asked again, tells the real status of a server that exited
+    meanwhile, and a fault (later polls too) for one that still runs; teardown then kills it."""
+    (tmp_path / "waiter.py").write_text(WAITER)
+    h = SSHHost(own_sshd.url, SSHOptions(**ssh_section(own_sshd, tmp_path)))
+    try:
+        procs = []
+        for name in ("exits", "runs"):
+            proc = h.launch([PYTHON, str(tmp_path / "waiter.py"), str(tmp_path / f"{name}.go")], {},
+                            tmp_path / f"{name}.log")
+            launched.append(proc.tag)
+            wait_for("the server to start", lambda p=proc: "waiting" in p.log_path.read_text(), timeout=30)
+            procs.append(proc)
+        exits, runs = procs
+        assert exits.poll() is None and runs.poll() is None
+        drop_sessions(own_sshd)
+        (tmp_path / "exits.go").touch()  # exits with 3 while nobody watches
+        wait_for("the first server to exit", lambda: not tagged_pids(exits.tag), timeout=30)
+        assert wait_for("its exit status", exits.poll, timeout=30) == 3
+        with pytest.raises(HostFault) as raised:
+            wait_for("the second server's state", runs.poll, timeout=30)
+        assert raised.value.kind == "connection-lost" and "still runs" in str(raised.value)
+        with pytest.raises(HostFault) as again:
+            runs.poll()
+        assert again.value.kind == "connection-lost"
+        assert tagged_pids(runs.tag)  # only the session dropped: the server runs on
+        for proc in procs:
+            proc.stop(grace_s=0.5)
+        assert tagged_pids(runs.tag) == []
+        assert "exiting" in exits.log_path.read_text()  # the rest of its log, fetched at teardown
+    finally:
+        h.close()

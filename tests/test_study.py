@@ -17,6 +17,7 @@ import pytest
 import requests
 import yaml
 
+from autotune.record import read
 from autotune._net import free_port, wait_http_ok
 from autotune.config import StudyConfig
 from autotune.model_executor import ModelExecutor
@@ -103,11 +104,12 @@ def test_server_crash_is_recorded_infeasible_with_its_log(tmp_path: Path, params
     cfg = write_study(tmp_path, "bad", params)
     autotune("study", "start", str(cfg), cwd=tmp_path)
     (trial,) = show(tmp_path, "bad")["trials"]
-    assert trial["outcome"] == "infeasible" and trial["state"] == "PRUNED" and trial["value"] is None
+    assert trial["outcome"] == "infeasible" and trial["state"] == "COMPLETE" and trial["value"] is None
+    assert trial["failure"]["blame"] == "configuration" and trial["failure"]["phase"] in ("start-up", "graph-capture")
     assert trial["failure"]["kind"] == kind
     assert text in trial["failure"]["excerpt"]
     study = optuna.load_study(study_name="bad", storage=f"sqlite:///{tmp_path}/studies.db")
-    assert study.trials[0].constraints["failure"] > 0  # the sampler sees it as infeasible
+    assert read(study.trials[0]).constraints["failure"] > 0  # the sampler sees it as infeasible
 
 
 def test_resume_continues_and_runs_the_baseline_once(tmp_path: Path) -> None:
@@ -231,7 +233,7 @@ def test_a_clearly_worse_trial_stops_early_recorded_stopped_not_infeasible(tmp_p
     assert stop["share"] < 1 and worse["metrics"]["completed"] < 64  # its load was cut short
     study = optuna.load_study(study_name="stop", storage=storage)
     t = study.trials[1]
-    assert t.constraints["failure"] < 0 and t.intermediate_values  # not infeasible; ranked by what it showed
+    assert read(t).constraints["failure"] < 0 and t.intermediate_values  # not infeasible; ranked by what it showed
     best = json.loads(autotune("study", "best", "stop", "--json", "--storage", storage, cwd=tmp_path).stdout)
     assert best["number"] == 0
     # The in-process benchmark's executor, on the same target and objective, stops it too.

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
-from autotune.failures import COMMON_PATTERNS, Pattern
+from autotune.failures import SERVER_PATTERNS, Pattern
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class EnginePreset:
     ready_probe: bool = False
     """After the ready path answers 200, also require one tiny completion to succeed (engines that
     set up batching or check flags at the first request, like transformers serve)."""
-    patterns: tuple[Pattern, ...] = field(default=COMMON_PATTERNS)
+    patterns: tuple[Pattern, ...] = field(default=SERVER_PATTERNS)
     env: Mapping[str, str] = field(default_factory=dict)
     """Environment every trial's server gets unless the target's ``env`` sets it (vLLM's stats
     line every second instead of every 10, so the scheduler's load shows in a short trial)."""

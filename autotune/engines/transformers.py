@@ -27,7 +27,7 @@ What the preset relies on, seen by running transformers 5.24 on CPU and read in 
 from __future__ import annotations
 
 from autotune.engines import EnginePreset
-from autotune.failures import COMMON_PATTERNS, Pattern
+from autotune.failures import Pattern, server_patterns
 from autotune.failures import pattern as _p
 
 
@@ -63,5 +63,5 @@ TRANSFORMERS = EnginePreset(
     ready_path="/health",
     default_port=8000,
     ready_probe=True,  # --cb-* values are checked, and the KV cache sized, at the first request
-    patterns=_FIRST + COMMON_PATTERNS + _LAST,
+    patterns=server_patterns(_FIRST, _LAST),
 )

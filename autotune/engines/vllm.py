@@ -34,7 +34,7 @@ build seen running on this machine kind) and seen running it (docs/engines.md):
 from __future__ import annotations
 
 from autotune.engines import EnginePreset
-from autotune.failures import COMMON_PATTERNS, Pattern
+from autotune.failures import Pattern, server_patterns
 from autotune.failures import pattern as _p
 
 # Before the common patterns. (vLLM's memory texts, GPU and CPU, are common patterns: a `custom`
@@ -68,6 +68,6 @@ VLLM = EnginePreset(
     default_port=8000,
     info_paths=("/version", "/metrics"),
     ready_probe=False,  # /health answers only once the engine core is up (see above)
-    patterns=_FIRST + COMMON_PATTERNS + _LAST,
+    patterns=server_patterns(_FIRST, _LAST),
     env={"VLLM_LOG_STATS_INTERVAL": "1"},
 )

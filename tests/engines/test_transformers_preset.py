@@ -56,10 +56,10 @@ def test_engine_texts_are_classified(log: str, kind: str, phase: str) -> None:
     assert failure.message  # the engine's own line
 
 
-def test_an_error_under_load_keeps_the_engine_kind_as_cause() -> None:
+def test_an_error_under_load_keeps_the_engine_kind_with_the_phase() -> None:
     failure = classify("ValueError: Block size must be at least 4, but got 2", phase="measuring", exit_code=None,
                        patterns=PRESET.patterns)
-    assert (failure.kind, failure.cause) == ("crash-under-load", "invalid-argument")
+    assert (failure.kind, failure.phase) == ("invalid-argument", "load")
     assert "Block size must be at least 4" in failure.message
 
 

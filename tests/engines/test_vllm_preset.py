@@ -136,20 +136,20 @@ def test_the_pydantic_reason_is_in_the_excerpt() -> None:
     assert "max_num_batched_tokens (2048) is smaller than max_model_len (8192)" in failure.excerpt
 
 
-# (log file, the cause kept under crash-under-load, a text the message must hold)
+# (log file, the kind under load, a text the message must hold)
 LOAD_CASES = [
-    ("engine_dead_under_load.log", "crash", "EngineCore encountered a fatal error"),
+    ("engine_dead_under_load.log", "crash-under-load", "EngineCore encountered a fatal error"),
     ("oom_under_load.log", "oom", "CUDA out of memory"),
-    ("worker_died_under_load.log", "crash", "Worker proc Worker_TP1 died unexpectedly"),
+    ("worker_died_under_load.log", "crash-under-load", "Worker proc Worker_TP1 died unexpectedly"),
 ]
 
 
-@pytest.mark.parametrize(("name", "cause", "text"), LOAD_CASES)
-def test_engine_death_under_load_is_recognised(name: str, cause: str, text: str) -> None:
+@pytest.mark.parametrize(("name", "kind", "text"), LOAD_CASES)
+def test_engine_death_under_load_is_recognised(name: str, kind: str, text: str) -> None:
     log = _log(name)
     assert find_error(log, PRESET.patterns) is not None  # the runner stops measuring at this line
     failure = classify(log, phase="measuring", exit_code=None, patterns=PRESET.patterns)
-    assert (failure.kind, failure.cause) == ("crash-under-load", cause), failure
+    assert (failure.kind, failure.phase) == (kind, "load"), failure
     assert text in failure.message
 
 
