@@ -78,7 +78,7 @@ def explain(study: optuna.Study) -> dict[str, Any]:
     """Outcome counts, failure kinds, crash rules and importances, as one JSON-able document."""
     views = analysed_views(study)
     report = failure_rules(views, space_monotone(study), space_bounds(study))
-    kinds = Counter(v.failure_kind for v in views if v.failure_kind)
+    kinds = Counter(v.failure_kind for v in views if v.failure_kind and v.outcome != "skipped")  # those that ran
     imp = importance(views)
     goals = objectives(study)
     if len(goals) > 1:  # a multi-objective study: ``objective`` is the first's, ``objectives`` each one's

@@ -50,7 +50,7 @@ from autotune.hosts import (
 )
 from autotune.lease import StudyLease
 from autotune.load_signals import ATTR as SIGNALS_ATTR
-from autotune.notes import write_trial_note
+from autotune.notes import write_notes, write_trial_note
 from autotune.objective import Objective
 from autotune.provenance import host_facts, runner_for
 from autotune.runner import TrialResult, TrialSpec
@@ -459,6 +459,10 @@ class Driver:
         except BaseException:
             self._abandon(study, running, run)
             raise
+        try:  # the notes whose word the last trials changed (the trial the dashboard's best card showed)
+            write_notes(study)
+        except Exception:  # noqa: BLE001 - a note is a courtesy: it never stops a study
+            pass
         if broken and run.reason == broken:
             self.reporter.study_finished(study, broken)
             raise HostBrokenError(broken)

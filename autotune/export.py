@@ -334,16 +334,16 @@ def memory_parameter(name: str, param: Any = None) -> bool:
 
 
 def memory_failure(v: TrialRecord) -> str | None:
-    """The memory failure kind of a trial: ``oom``, ``not-enough-memory``, ``oom-under-load``
+    """The memory failure kind of a trial: ``oom``, ``not-enough-memory``, ``oom under load``
     (an OOM under load; in studies recorded before, a crash under load whose log said OOM),
     ``nccl-oom`` (NCCL could not allocate); else None."""
     f = v.failure
     if f is None:
         return None
     if f.kind in MEMORY_FAILURES:
-        return "oom-under-load" if f.kind == "oom" and f.phase == "load" else str(f.kind)
+        return "oom under load" if f.kind == "oom" and f.phase == "load" else str(f.kind)
     if f.kind == "crash-under-load" and f.cause in ("oom", "not-enough-memory"):
-        return "oom-under-load"
+        return "oom under load"
     if f.kind == "nccl-error" and _NCCL_OOM.search(f.message):
         return "nccl-oom"
     return None

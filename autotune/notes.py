@@ -249,7 +249,7 @@ def study_note(study: optuna.Study, records: Sequence[TrialRecord] | None = None
     card = _dashboard_best(study)
     if card is not None and best.measured is not None and card.number not in best.measured.trials:
         out += ["", f"The dashboard's *Best Trial* card shows trial {card.number} ({_fmt(card.value)} {_text(unit)}): "
-                    "the highest single run. " + _text(_why_not_best(card, best)) + "."]
+                    "the highest single run; " + _text(_why_not_best(card, best)) + "."]
     return "\n".join(out) + "\n"
 
 

@@ -163,6 +163,9 @@ class TrialRecord:
             "load_signals": self.load_signals,
             "proposed": self.proposed,
             "confirms": self.confirms,
+            "retry_of": self.retry_of,
+            "implied_by": self.implied_by,
+            "host": self.host,
         }
 
 

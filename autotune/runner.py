@@ -27,7 +27,7 @@ import requests
 from autotune._net import http_ok
 from autotune.early_stop import EarlyStop, StopRule, applies
 from autotune.engines import EnginePreset
-from autotune.failures import FAULT_KINDS, SERVER_PATTERNS, Failure, Pattern, classify, excerpt, find_error
+from autotune.failures import FAULT_KINDS, SERVER_PATTERNS, Failure, Pattern, Phase, classify, excerpt, find_error
 from autotune.gpu_check import GPU_BUSY_WAIT_S, Holder, describe, foreign_holders, visible_gpus, wait_until_free
 from autotune.hosts import Host, HostFault, LocalHost, ServerLeftRunning, ServerProcess
 from autotune.load_signals import LoadSignals
@@ -264,7 +264,7 @@ class TrialRunner:
         except HostFault as fault:  # a remote host that cannot be reached: nothing launched
             argv, env = self.command(spec, "{port}")
             early = TrialResult(spec.number, "fault", argv=argv, argv_template=list(argv), env=env, host=self.host.name,
-                                log_path=str(log_path), failure=Failure(fault.kind, str(fault), ""))
+                                log_path=str(log_path), failure=Failure(fault.kind, str(fault), "", phase=Phase.LAUNCH))
             _redact(early, Redactor(env, argv, self.secrets, public=self.public, environ=os.environ), [])
             early.duration_s = time.monotonic() - started
             return early
@@ -310,7 +310,8 @@ class TrialRunner:
             return result
         except HostFault as fault:
             result.outcome = "fault"
-            result.failure = Failure(fault.kind, str(fault), excerpt(watcher.text))
+            result.failure = Failure(fault.kind, str(fault), excerpt(watcher.text),
+                                     phase=Phase.LAUNCH if proc is None else None)
             return result
         finally:
             if proc is not None:

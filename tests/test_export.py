@@ -592,7 +592,7 @@ def test_a_memory_parameter_next_to_an_oom_is_backed_off_by_the_margin(tmp_path:
      "no memory failure (OOM) seen up to 0.95 (the space's high bound)"),
     ([(0.92, 100.0, None, None), (0.95, None, "oom", None)], 0.5, 0.92, "at least the margin 0.02 above it"),
     ([(0.91, 100.0, None, None), (0.92, None, "crash-under-load", "oom")], 0.9, 0.9,
-     "0.91 -> 0.9 (the space's low bound): trial 1 failed (oom-under-load) at 0.92"),
+     "0.91 -> 0.9 (the space's low bound): trial 1 failed (oom under load) at 0.92"),
     ([(0.92, 100.0, None, None), (0.93, None, "oom", None), (0.91, None, "not-enough-memory", None)], 0.5, 0.92,
      "no safe value between them"),
     ([(0.92, 100.0, None, None), (0.92, None, "not-enough-memory", None)], 0.5, 0.9,
