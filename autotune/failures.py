@@ -80,7 +80,6 @@ class FailureKind(_Word):
     NODE_DIED = "node-died"
     WORKER_CRASHED = "worker-crashed"
     SLOT_UNAVAILABLE = "slot-unavailable"
-    STORAGE_LOST = "storage-lost"
     ENGINE_MISSING = "engine-missing"
     MODEL_MISSING = "model-missing"
     INTERRUPTED = "interrupted"
