@@ -465,7 +465,7 @@ def study_show(name: str = NameArg, storage: str = StorageOpt, as_json: bool = t
     if as_json:
         _print_json(show_json(study))
         return
-    metric = (study.user_attrs.get("objective") or {}).get("metric", "value")
+    metric = objective_metric(study) or "value"
     views = trial_views(study)
     if is_multi_objective(study):
         chosen = pick(study, views)
@@ -504,7 +504,7 @@ def study_best(name: str = NameArg, storage: str = StorageOpt, as_json: bool = t
             doc.update(front_json(study, views, chosen))
         _print_json(doc)
         return
-    _print_best(study, (study.user_attrs.get("objective") or {}).get("metric", "value"))
+    _print_best(study, objective_metric(study) or "value")
 
 
 @study_app.command("explain")

@@ -22,7 +22,7 @@ from autotune._text import counted
 from autotune._stats import mean_interval, t95
 from autotune.errors import StudyNotFoundError
 from autotune.pareto import Choice, ChoiceRule, Goal, choose
-from autotune.record import TrialRecord, read_all
+from autotune.record import TrialRecord, objective_metric, read_all
 from autotune.storage import has_studies, open_storage
 from autotune.units import with_unit
 
@@ -345,7 +345,7 @@ def show_json(study: optuna.Study) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "study": study.study_name,
         "direction": goals[0].direction,
-        "metric": (study.user_attrs.get("objective") or {}).get("metric"),
+        "metric": objective_metric(study),
         "trials": [v.to_json() for v in views],
     }
     if len(goals) > 1:
