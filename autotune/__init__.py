@@ -14,17 +14,17 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from autotune.config import StudyConfig
+    from autotune.config.study import StudyConfig
     from autotune.errors import ConfigError, UsageError
-    from autotune.objective import Objective
-    from autotune.space import SearchSpace
+    from autotune.config.objective import Objective
+    from autotune.config.space import SearchSpace
 
 __version__ = "0.1.0"
 
 __all__ = ["ConfigError", "Objective", "SearchSpace", "StudyConfig", "UsageError", "__version__"]
 
-_HOMES = {"StudyConfig": "autotune.config", "ConfigError": "autotune.errors", "UsageError": "autotune.errors",
-          "Objective": "autotune.objective", "SearchSpace": "autotune.space"}
+_HOMES = {"StudyConfig": "autotune.config.study", "ConfigError": "autotune.errors", "UsageError": "autotune.errors",
+          "Objective": "autotune.config.objective", "SearchSpace": "autotune.config.space"}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,3 +1,3 @@
-from autotune.cli import main
+from autotune.cli.app import main
 
 main()

@@ -74,7 +74,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from autotune._net import free_port
+from autotune.util.net import free_port
 
 if TYPE_CHECKING:
     import torch

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
-from autotune.failures import SERVER_PATTERNS, Pattern
+from autotune.outcome.failures import SERVER_PATTERNS, Pattern
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class EnginePreset:
     line every second instead of every 10, so the scheduler's load shows in a short trial)."""
     package: str | None = None
     """The Python package (its import name) the engine is: its installed version is the engine's
-    version where the server does not say it (:func:`autotune.provenance.host_facts`)."""
+    version where the server does not say it (:func:`autotune.execution.provenance.host_facts`)."""
 
     def argv(self, *, port: int | str, template: str | None = None, fields: Mapping[str, str] | None = None) -> list[str]:
         """The command (without the trial's flags) for a server listening on ``port``."""

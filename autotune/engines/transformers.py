@@ -27,8 +27,8 @@ What the preset relies on, seen by running transformers 5.24 on CPU and read in 
 from __future__ import annotations
 
 from autotune.engines import EnginePreset
-from autotune.failures import Pattern, server_patterns
-from autotune.failures import pattern as _p
+from autotune.outcome.failures import Pattern, server_patterns
+from autotune.outcome.failures import pattern as _p
 
 
 # Before the common patterns: texts that the common ones would miss or misname.

@@ -28,14 +28,14 @@ build seen running on this machine kind) and seen running it (docs/engines.md):
 - The engine logs its scheduler's state (``Running: N reqs, Waiting: M reqs``) every
   ``VLLM_LOG_STATS_INTERVAL`` seconds, 10 by default: a trial whose load lasts 20 s shows it
   twice, or not at all while the load ramps. The preset sets 1 (a target's ``env`` overrides it),
-  so the sampler sees a full ``--max-num-seqs`` (:mod:`autotune.load_signals`).
+  so the sampler sees a full ``--max-num-seqs`` (:mod:`autotune.outcome.load_signals`).
 """
 
 from __future__ import annotations
 
 from autotune.engines import EnginePreset
-from autotune.failures import Pattern, server_patterns
-from autotune.failures import pattern as _p
+from autotune.outcome.failures import Pattern, server_patterns
+from autotune.outcome.failures import pattern as _p
 
 # Before the common patterns. (vLLM's memory texts, GPU and CPU, are common patterns: a `custom`
 # command running vLLM gets them too.)

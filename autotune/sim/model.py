@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping
 
-from autotune.load_signals import LoadSignals
+from autotune.outcome.load_signals import LoadSignals
 from autotune.sim.args import ServerArgs
 from autotune.sim.engine import EngineConfig, InvalidArgument, configure, noise_factor, startup_seconds
 from autotune.sim.scenario import Scenario
@@ -73,7 +73,7 @@ class Prediction:
     stopped_s: float | None = None
     signals: LoadSignals = field(default_factory=LoadSignals)
     """What the server's scheduler lines would show of the load, as the runner reads them
-    (:mod:`autotune.load_signals`): each prefill batch's moment (SGLang logs every prefill batch;
+    (:mod:`autotune.outcome.load_signals`): each prefill batch's moment (SGLang logs every prefill batch;
     the decode lines between show no busier one)."""
 
     def to_dict(self) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from autotune.nccl_env import (DEFAULT_BUFFSIZE, LL128_BUFFER_MIB, LL_BUFFER_MIB, MIB, PROTOCOLS,
+from autotune.engines.nccl_env import (DEFAULT_BUFFSIZE, LL128_BUFFER_MIB, LL_BUFFER_MIB, MIB, PROTOCOLS,
                                connection_buffer_mib, parse_set)
 from autotune.sim.scenario import Scenario
 

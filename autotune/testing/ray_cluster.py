@@ -4,8 +4,8 @@ Each node is a real ``ray start`` (a head, then workers joining it), each advert
 ``autotune_slot:<name>`` resource, as the nodes of ``ray_cluster.yaml`` do. :meth:`kill_node`
 kills one node's raylet with SIGKILL, which is what a machine that drops out looks like to the
 rest of the cluster. :meth:`stop` removes only this cluster's processes, never another Ray on the
-machine: every one of them inherits a tag in its environment (:data:`autotune.hosts.TAG_ENV`,
-as the servers of a trial do), and :func:`autotune.hosts.tagged_pids` finds them.
+machine: every one of them inherits a tag in its environment (:data:`autotune.execution.hosts.TAG_ENV`,
+as the servers of a trial do), and :func:`autotune.execution.hosts.tagged_pids` finds them.
 
 Token authentication as Ray 2.60 does it is on: the nodes run with ``RAY_AUTH_MODE=token`` and
 the token in ``~/.ray/auth_token`` (made by ``ray get-auth-token --generate`` if missing); a
@@ -24,8 +24,8 @@ import time
 import uuid
 from pathlib import Path
 
-from autotune._net import free_port
-from autotune.hosts import TAG_ENV, tagged_pids
+from autotune.util.net import free_port
+from autotune.execution.hosts import TAG_ENV, tagged_pids
 
 __all__ = ["LocalRayCluster"]
 

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune._words import COMMON_WORDS
+from autotune.util.words import COMMON_WORDS
 
 __all__ = ["make_tiny_llama", "parameter_count", "main"]
 

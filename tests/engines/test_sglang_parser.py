@@ -32,7 +32,7 @@ import optuna
 import pytest
 
 from autotune.engines import get_preset
-from autotune.space import UNSET, Parameter, ParamValue, SearchSpace
+from autotune.config.space import UNSET, Parameter, ParamValue, SearchSpace
 from tests.needs import unavailable
 
 pytestmark = pytest.mark.engine

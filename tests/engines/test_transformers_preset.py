@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from autotune.engines import get_preset
-from autotune.failures import classify
+from autotune.outcome.failures import classify
 from autotune.testing.tiny_model import parameter_count
 
 PRESET = get_preset("transformers")
@@ -71,7 +71,7 @@ INFO:     Uvicorn running on http://127.0.0.1:18001 (Press CTRL+C to quit)
 2026-11-30 20:53:39,491 - ContinuousBatchingLogger - WARNING - `eos_token_id` not set in GenerationConfig. Setting to -1 (disabled).
 2026-11-30 20:55:32,776 - ContinuousBatchingLogger - WARNING - cb_config.use_cuda_graph = True but no graph backend is available: turning off accelerator graphs.
 INFO:     127.0.0.1:41568 - "POST /v1/completions HTTP/1.1" 200 OK"""
-    from autotune.failures import find_error
+    from autotune.outcome.failures import find_error
 
     assert find_error(log, PRESET.patterns) is None
 

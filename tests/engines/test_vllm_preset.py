@@ -78,7 +78,7 @@ import sys
 import pytest
 
 from autotune.engines import get_preset
-from autotune.failures import COMMON_PATTERNS, ENVIRONMENT_PATTERNS, classify, find_error
+from autotune.outcome.failures import COMMON_PATTERNS, ENVIRONMENT_PATTERNS, classify, find_error
 
 PRESET = get_preset("vllm")
 DATA = Path(__file__).resolve().parent.parent / "data" / "vllm"
@@ -167,7 +167,7 @@ def test_every_vllm_pattern_is_exercised_by_a_real_text() -> None:
     """A pattern that matches none of vLLM's texts is dead (or has a typo)."""
     lines = [line for path in sorted(DATA.glob("*.log")) for line in path.read_text(encoding="utf-8").splitlines()]
     vllm_patterns = [p for p in PRESET.patterns if (p not in COMMON_PATTERNS and p not in ENVIRONMENT_PATTERNS)
-                     or "Available memory on node" in p.regex.pattern]  # (tests/test_preflight.py: the environment's)
+                     or "Available memory on node" in p.regex.pattern]  # (tests/engines/test_preflight.py: the environment's)
     assert len(vllm_patterns) >= 9
     unused = [p.regex.pattern for p in vllm_patterns if not any(p.regex.search(line) for line in lines)]
     assert unused == []
@@ -176,12 +176,12 @@ def test_every_vllm_pattern_is_exercised_by_a_real_text() -> None:
 def test_vllm_trials_log_the_scheduler_every_second(tmp_path: Path) -> None:
     """vLLM logs ``Running: N reqs, Waiting: M reqs`` every VLLM_LOG_STATS_INTERVAL seconds (10 by
     default): the study's runner sets 1, so a short trial's load shows; the target's env wins."""
-    from autotune.config import StudyConfig
-    from autotune.executors import make_runner
-    from autotune.hosts import LocalHost
-    from autotune.objective import Objective
-    from autotune.slots import Slot
-    from autotune.stopping import StopRequest
+    from autotune.config.study import StudyConfig
+    from autotune.execution.executors import make_runner
+    from autotune.execution.hosts import LocalHost
+    from autotune.config.objective import Objective
+    from autotune.execution.slots import Slot
+    from autotune.execution.stopping import StopRequest
 
     def runner_env(env: dict[str, str]) -> dict[str, str]:
         cfg = StudyConfig.from_mapping({"name": "v", "space": "vllm_cpu", "objective": "quick",

@@ -25,7 +25,7 @@ from typing import Any
 import optuna
 import pytest
 
-from autotune.space import Launch, SearchSpace
+from autotune.config.space import Launch, SearchSpace
 
 # Flags of vllm/engine/arg_utils.py EngineArgs.add_cli_args (0.32.0) that the spaces use, with
 # the argparse type vLLM gives them (None: a BooleanOptionalAction flag).

@@ -29,7 +29,7 @@ import requests
 import yaml
 
 from tests.needs import require_modules
-from autotune._net import free_port, wait_http_ok
+from autotune.util.net import free_port, wait_http_ok
 
 pytestmark = pytest.mark.engine
 
@@ -104,7 +104,7 @@ def _write_study(tmp_path: Path, model: Path, too_much: int) -> tuple[Path, str]
                        + SERVER_FLAGS,
             "ready_timeout_s": READY_TIMEOUT_S,
             # vLLM's `Running: N reqs, Waiting: M reqs` line every 0.1 s, so that the short load
-            # below is seen in the scheduler's log (autotune.load_signals)
+            # below is seen in the scheduler's log (autotune.outcome.load_signals)
             "env": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_LOG_STATS_INTERVAL": "0.1"},
         },
         "space": str(tmp_path / "space.yaml"),
@@ -179,7 +179,7 @@ def test_real_vllm_study_measures_classifies_and_exports(tiny_model: Path, tmp_p
     # the engine's version as vLLM's /version answered it during the study
     import vllm
 
-    from autotune.export import load_profile
+    from autotune.profiles.export import load_profile
 
     prov = load_profile(tmp_path / "vllm.sh").data["provenance"]
     assert prov["engine_version"] == vllm.__version__ and prov["sources"]["engine_version"] == "server info", prov

@@ -14,7 +14,7 @@ from typing import Iterator, Mapping, Sequence
 import pytest
 import requests
 
-from autotune._net import free_port
+from autotune.util.net import free_port
 
 
 @dataclass

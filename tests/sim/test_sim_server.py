@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 import requests
 
-from autotune.load_signals import LoadSignals, raises_called_for
+from autotune.outcome.load_signals import LoadSignals, raises_called_for
 from autotune.sim import Workload, load_scenario, predict
 from autotune.sim.args import args_from_mapping
 

@@ -1,0 +1,1 @@
+"""What a finished study says: crash rules, parameter importance, ablation, explain."""

@@ -1,0 +1,571 @@
+"""Which parameters matter, and how sure we are: importances with intervals and honest verdicts.
+
+:func:`importance` reads the trials (:class:`autotune.store.study_view.TrialRecord`); ``autotune study
+explain`` prints it (:mod:`autotune.analysis.explain`).
+
+Shares
+------
+
+For each parameter, the share of a target's variance that *only it* accounts for, for the
+objective over the feasible trials and for feasibility (1 ok, 0 otherwise) over all finished
+trials. The model is additive over the parameters' groups (the values of a categorical one;
+quantile bins of a numeric one, 2 to 5 with the number of trials), a ridge least-squares fit
+with each group's effect shrunk as by one pseudo-trial. A parameter's share is the residual sum of squares the
+model saves with it (at twice the resolution, so an effect confined to a few values is seen)
+over the model without it, less what its extra group means would save by chance, over the total;
+its *spread* is the same as a standard deviation, relative to the mean objective (absolute for
+feasibility). Given the others, because the sampler concentrates every parameter near the best
+trials: alone, a parameter with no effect goes with the objective as much as the ones that have
+one (``alone`` in the JSON shows it). The interval is a bootstrap over trials (``RESAMPLES``
+resamples: the median and the 5-95 % range).
+
+"No measurable effect": matched comparisons
+--------------------------------------------
+
+The shares cannot rule an effect out. TPE moves every parameter toward the best trials
+together, so a parameter that does nothing still lines up with what the additive model of the
+others misses (their interactions, the shape within a bin): given the others, a flag read by no
+code kept a share of 1-4 % and a spread whose high end stayed above 2 % after 200 trials, and a
+looser threshold on the same numbers made false claims (``NCCL_MAX_NCHANNELS`` moving the
+throughput 12 %). So the claim rests on evidence that the drift does not fake: **pairs of trials
+alike in every other parameter** (the same value of each categorical one, numeric ones within
+``MATCH_WIDTH`` of each other in the study's distribution of that parameter) that differ in this
+one. Within a pair only this parameter (and the small differences left in the others) changed,
+so the difference of their results is its effect plus the measurement noise, whatever the other
+parameters do and however the sampler moved them; the sampler's own jitter of each parameter
+around the good trials is what supplies such pairs.
+
+The pairs' differences are fitted by least squares as ``f(v_a) - f(v_b)`` plus a linear term in
+each numeric parameter's remaining difference; ``f`` is one value per level of a categorical
+parameter, piecewise linear over ``NO_EFFECT_KNOTS`` knots across the distinct values of a
+numeric one (so an effect confined to a few values is not averaged away in a bin). The effect's
+*spread* is the standard deviation of ``f`` between a trial's value and the other values
+compared, bias-corrected for the noise of the fit (the trace of its covariance), and its high end
+is the 95th percentile over ``NO_EFFECT_RESAMPLES`` bootstrap resamples of the trials. The claim
+holds between the values the pairs compared (``matched.over`` in the JSON), not beyond: only the
+values that pairs link, directly or through others, to the most trials count. A value tried only
+in trials that match no other, or only each other (a few early trials with
+``max_running_requests`` below the load's concurrency, alike among themselves and far from
+every later trial), says nothing about a change from it to the rest; nor does a value that
+fewer than ``NO_EFFECT_MIN_ROWS`` of the pairs' trials hold (at a numeric parameter's ends: within
+its end knot's reach), which the bootstrap loses in many resamples. The fit must tell each value's
+effect from the other parameters' remaining differences: where it cannot (a singular fit: the
+pairs that compare two values also move another parameter by the same step), in the whole sample
+or in a resample, that resample's spread is unknown, not 0, and counts above any known one (a
+singular fit's noise correction once made 0 of an 11 % effect, a false claim). Where no pairs exist (a
+random search over many categorical parameters, the first trials of any study) the verdict stays
+"uncertain": the price of not trusting a model of the others.
+
+Also measured and not kept (on the studies of bench/explain_truth.py, against the simulator's
+model): a regression of every close pair's squared difference on each parameter's distance (a
+variogram: it gave ``NCCL_BUFFSIZE``, which does nothing there, 6-12 %); nearest neighbours in
+all the other parameters with their differences fitted additively instead of matched (fewer
+claims for the flag that does nothing, 2-3 of 36 against 8); coarse bins of a numeric parameter
+(an effect inside a bin is invisible: false claims for ``max_running_requests``); piecewise-linear
+adjustments of the others' differences (no more claims, ten times the run time). And on the
+``seed`` studies' ``num_continuous_decode_steps`` (10 per scenario at 100 trials, 4 at 200): the
+largest deviation of any value from the mean, or the range between values, instead of the spread
+(their 95th percentiles at 100 trials 4.5-12 % and 7.6-17 %, against the spread's 2.6-6.4 %: a
+maximum over eight values takes the noise of the worst); a covariance robust to pairs that share
+a trial (dyadic sandwich) for the noise correction (high ends 0.1-0.5 points lower, no claim
+more); ``MATCH_WIDTH`` 0.1 or 0.3 (6 and 5 claims of 12 at 200 trials, 6 at 0.2). A value's
+effect rests on the ten or so trials that hold it, each with 2 % noise, so at 100 trials the
+spread's high end sits near 3 %: the claim waits for more trials.
+
+Verdicts
+--------
+
+- ``not enough trials (N, need M)`` below ``MIN_TRIALS`` trials of the target; for feasibility
+  also ``not enough failures (N, need M)`` (or ``not enough feasible trials``) below
+  ``MIN_OUTCOMES`` of the rarer outcome: one failure in twenty gives every parameter a share of
+  that trial's noise, which no interval makes a finding;
+- ``effect`` when the share's low end is at least ``EFFECT_SHARE``, and so is the low end of
+  its share alone (a parameter that only seems to matter given the others may be the sampler's
+  doing; one that matters but hides behind another stays ``uncertain``);
+- ``no measurable effect`` only with evidence: at least ``NO_EFFECT_MIN_TRIALS`` trials,
+  ``NO_EFFECT_MIN_PAIRS`` matched pairs, every level (knot) of the parameter compared and all of
+  them linked by pairs, and the matched spread's high end below ``NO_EFFECT_SPREAD`` (2 % of
+  the mean objective, about the run-to-run noise of a measurement; 0.05 for feasibility), and so
+  is the fit's *resolution* (the spread its own noise would show were there no effect, the
+  median over the resamples: an imprecise fit's noise correction takes its spread to 0, which
+  is no evidence);
+- ``uncertain`` otherwise: the data cannot tell.
+
+Why not fANOVA: Optuna's needs scikit-learn (not a dependency) and a forest per bootstrap
+resample, and its importances are normalised to sum to 1, so a parameter with no effect still
+gets a share of the noise (Optuna's default evaluator, PED-ANOVA, gave
+``num_continuous_decode_steps`` 0.24 on the demo, where it has no effect). The additive model is
+cheap enough to bootstrap, reads as "accounts for this much of the variation", and with its bias
+correction sits near 0 for a parameter with no effect. Its limit: an interaction is split
+between its parameters (the crash rules cover the interactions that crash), and a parameter that
+always moved with another during the search cannot be told apart from it -- the interval stays
+wide, there are no matched pairs, and the verdict is "uncertain".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from autotune.analysis.crash_rules import MEASURED, MIN_SUPPORT, finished, is_number
+from autotune.store.record import TrialRecord
+
+MIN_TRIALS = 20
+"""Fewest trials (feasible ones for the objective, finished ones for feasibility) for importances."""
+MIN_OUTCOMES = MIN_SUPPORT
+"""Fewest trials of the rarer outcome (failed or ran) for importances for feasibility: as many
+failures as a crash rule rests on."""
+RESAMPLES = 40
+RIDGE = 1.0
+EFFECT_SHARE = 0.05
+NO_EFFECT_SPREAD = 0.02
+"""Objective: "no measurable effect" needs the matched spread's high end below 2 % of the mean objective."""
+NO_EFFECT_SPREAD_FEASIBILITY = 0.05
+NO_EFFECT_MIN_TRIALS = 40
+NO_EFFECT_MIN_PAIRS = 20
+MATCH_WIDTH = 0.2
+"""Two values of a numeric parameter match when within this much of each other in the study's
+distribution of it (the share of trials between them)."""
+NO_EFFECT_KNOTS = 8
+NO_EFFECT_MIN_ROWS = 5
+"""Fewest trials a value compared must have (see :func:`_supported`)."""
+UNKNOWABLE = 1e300
+"""A resample's spread when it cannot estimate it (it lost every pair of some value): above any
+known one, and finite so that percentiles stay numbers."""
+RANK_TOLERANCE = 1e-9
+"""Relative size below which a direction of the matched fit counts as not measured (its rank)."""
+NO_EFFECT_RESAMPLES = 100
+MAX_PAIRS = 2000
+"""Matched pairs fitted at most (the closest); more add little and cost time."""
+MIN_GROUP = 5
+"""Trials per fine bin for the shares' finer resolution."""
+INTERVAL = (5.0, 95.0)
+
+
+# -- shares ------------------------------------------------------------------------------------
+def _groups(values: list[Any], n_bins: int) -> np.ndarray | None:
+    """Group index of each row: the value (categorical) or a quantile bin (numeric); None if the
+    parameter has a single value."""
+    present = [x for x in values if x is not None]
+    if len(set(map(repr, present))) < 2:
+        return None
+    if present and all(is_number(x) for x in present):
+        arr = np.array([float(x) if x is not None else np.nan for x in values])
+        ok = ~np.isnan(arr)
+        sorted_vals = np.sort(arr[ok])
+        uniq = np.unique(sorted_vals)
+        if len(uniq) <= n_bins:
+            idx = np.searchsorted(uniq, arr)
+        else:  # quantile bins by the rank of a value's first occurrence: equal values stay together
+            idx = np.minimum(n_bins - 1, np.searchsorted(sorted_vals, arr, side="left") * n_bins // len(sorted_vals))
+        idx = np.where(ok, idx, n_bins)
+        return np.unique(idx, return_inverse=True)[1]
+    keys = [repr(x) for x in values]
+    return np.unique(np.array(keys, dtype=object), return_inverse=True)[1]
+
+
+def _epsilon_sq(y: np.ndarray, g: np.ndarray, sst: float) -> tuple[float, float]:
+    """What groups ``g`` account for in ``y``: the bias-corrected share of ``sst`` and the spread
+    (the standard deviation over rows of the group effects, bias-corrected, in ``y``'s units)."""
+    n = len(y)
+    k_max = int(g.max()) + 1
+    counts = np.bincount(g, minlength=k_max)
+    sums = np.bincount(g, weights=y, minlength=k_max)
+    means = np.divide(sums, counts, out=np.zeros(k_max), where=counts > 0)
+    k = int((counts > 0).sum())
+    fitted = means[g]
+    ssb = float(((fitted - y.mean()) ** 2).sum())
+    ssw = float(((y - fitted) ** 2).sum())
+    if n - k <= 0 or sst <= 0:
+        return 0.0, 0.0
+    excess = max(0.0, ssb - (k - 1) * ssw / (n - k))
+    return excess / sst, math.sqrt(excess / n)
+
+
+def _backfit(y: np.ndarray, groups: list[np.ndarray], sizes: list[int], skip: frozenset[int] = frozenset()) -> np.ndarray:
+    """Residuals of the additive model ``y ~ mean + sum_c f_c(group_c)`` over the components ``c``
+    not in ``skip``, each group's effect shrunk as by ``RIDGE`` pseudo-trials at the mean: the
+    ridge least-squares fit, solved at once (the fixed point backfitting would reach, sweep by
+    sweep, without its cost)."""
+    n = len(y)
+    r = y - y.mean()
+    keep = [c for c in range(len(groups)) if c not in skip]
+    if not keep:
+        return r
+    offsets = np.cumsum([0] + [sizes[c] for c in keep])
+    cols = np.concatenate([groups[c] + offsets[i] for i, c in enumerate(keep)])
+    rows = np.tile(np.arange(n), len(keep))
+    z = np.zeros((n, int(offsets[-1])))
+    z[rows, cols] = 1.0
+    z -= z.mean(axis=0)
+    beta = np.linalg.solve(z.T @ z + RIDGE * np.eye(z.shape[1]), z.T @ r)
+    return r - z @ beta
+
+
+def _partial(y: np.ndarray, groups: list[np.ndarray], fine: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Each parameter's share of the total variance that only it accounts for, and its spread (the
+    same as a standard deviation over trials, in ``y``'s units).
+
+    For parameter ``j`` the additive model is fitted with ``j`` at a finer resolution (``fine``: an
+    effect confined to a few of its values is not averaged away in a wide bin) and without ``j``;
+    the share is the residual sum of squares ``j`` saves, less what its ``k - 1`` group means would
+    save by chance (``k - 1`` times the residual variance)."""
+    n = len(y)
+    sst = float(((y - y.mean()) ** 2).sum())
+    shares, spreads = np.zeros(len(groups)), np.zeros(len(groups))
+    if sst <= 0:
+        return shares, spreads
+    sizes = [int(g.max()) + 1 for g in groups]
+    for j in range(len(groups)):
+        with_j = groups[:j] + [fine[j]] + groups[j + 1:]
+        sizes_j = sizes[:j] + [int(fine[j].max()) + 1] + sizes[j + 1:]
+        rss = float((_backfit(y, with_j, sizes_j) ** 2).sum())
+        s2 = rss / max(n - 1 - sum(k - 1 for k in sizes_j), 1)
+        saved = float((_backfit(y, groups, sizes, skip=frozenset([j])) ** 2).sum()) - rss
+        excess = max(0.0, saved - (sizes_j[j] - 1) * s2)
+        shares[j], spreads[j] = excess / sst, math.sqrt(excess / n)
+    return shares, spreads
+
+
+# -- matched comparisons ---------------------------------------------------------------------------
+class _Matching:
+    """Which pairs of rows are alike in each parameter (the module docstring): categorical values
+    equal, numeric ones within ``MATCH_WIDTH`` of each other in the rows' distribution."""
+
+    def __init__(self, rows: list[dict[str, Any]], names: list[str]) -> None:
+        self.names = names
+        n = len(rows)
+        self.numeric: dict[str, np.ndarray] = {}
+        self.keys: dict[str, np.ndarray] = {}
+        unlike = np.zeros((n, n), dtype=np.int16)
+        self.unlike_in: dict[str, np.ndarray] = {}
+        for name in names:
+            values = [r.get(name) for r in rows]
+            self.keys[name] = np.array([repr(v) for v in values], dtype=object)
+            if all(is_number(v) for v in values):
+                arr = np.array(values, dtype=float)
+                where = np.searchsorted(np.sort(arr), arr, side="right") / n  # the share of rows at or below
+                self.numeric[name] = where
+                far = np.abs(where[:, None] - where[None, :]) > MATCH_WIDTH
+            else:
+                far = self.keys[name][:, None] != self.keys[name][None, :]
+            self.unlike_in[name] = far
+            unlike += far
+        self.unlike = unlike
+
+    def pairs(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """Rows ``a < b`` alike in every parameter but ``name``, whose ``name`` values differ
+        (the closest ``MAX_PAIRS`` when there are more)."""
+        keys = self.keys[name]
+        ok = (self.unlike - self.unlike_in[name] == 0) & (keys[:, None] != keys[None, :])
+        a, b = np.nonzero(np.triu(ok, 1))
+        if len(a) > MAX_PAIRS:
+            gap = sum(np.abs(w[a] - w[b]) for other, w in self.numeric.items() if other != name)
+            keep = np.sort(np.argsort(gap, kind="stable")[:MAX_PAIRS]) if isinstance(gap, np.ndarray) else slice(MAX_PAIRS)
+            a, b = a[keep], b[keep]
+        return a, b
+
+
+def _knot_count(distinct: int) -> int:
+    """Knots of a numeric parameter's hat basis over ``distinct`` values compared, evenly spaced
+    across them (:func:`_basis`; a value's reach in :func:`_supported` is one knot's spacing)."""
+    return min(NO_EFFECT_KNOTS, distinct)
+
+
+def _basis(values: list[Any], rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, Any]:
+    """``f``'s basis at every row and at each value compared (the values of ``rows``), and those
+    values as the claim states them: one column per level of a categorical parameter; hat
+    functions at ``NO_EFFECT_KNOTS`` knots across the distinct values of a numeric one."""
+    if all(is_number(v) for v in values):
+        arr = np.array(values, dtype=float)
+        compared = np.unique(arr[rows])
+        k = _knot_count(len(compared))
+        knots = np.linspace(0.0, 1.0, k)
+
+        def hats(pos: np.ndarray) -> np.ndarray:
+            return np.maximum(0.0, 1.0 - np.abs(pos[:, None] - knots[None, :]) * (k - 1))
+
+        span = max(len(compared) - 1, 1)
+        pos = np.clip(np.searchsorted(compared, arr) / span, 0.0, 1.0)
+        over = [values[int(rows[np.argmin(arr[rows])])], values[int(rows[np.argmax(arr[rows])])]]
+        return hats(pos), hats(np.arange(len(compared)) / span), over
+    keys = [repr(v) for v in values]
+    levels = list(dict.fromkeys(keys[int(i)] for i in rows))
+    at = {key: i for i, key in enumerate(levels)}
+    basis = np.zeros((len(values), len(levels)))
+    for i, key in enumerate(keys):
+        if key in at:
+            basis[i, at[key]] = 1.0
+    over = [values[keys.index(key)] for key in levels]
+    return basis, np.eye(len(levels)), over
+
+
+def _linked_values(keys: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs among the values that pairs link to the most trials: a value compared only with
+    values no pair links to the rest (a few trials alike only among themselves) says nothing about
+    a change from it to the others."""
+    index = {key: i for i, key in enumerate(dict.fromkeys(keys))}
+    parent = list(range(len(index)))
+
+    def root(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    va, vb = np.array([index[k] for k in keys[a]]), np.array([index[k] for k in keys[b]])
+    for x, z in zip(va, vb):
+        parent[root(int(x))] = root(int(z))
+    group = np.array([root(int(x)) for x in va])
+    rows_in = {g: len(np.union1d(a[group == g], b[group == g])) for g in set(group.tolist())}
+    keep = group == max(rows_in, key=lambda g: (rows_in[g], -g))
+    return a[keep], b[keep]
+
+
+def _supported(values: list[Any], a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs without the values too few trials compare: a categorical level held by fewer
+    than ``NO_EFFECT_MIN_ROWS`` of the pairs' trials, a numeric parameter's lowest or highest
+    value while fewer than that many trials lie within its knot's reach (:func:`_basis`). The
+    bootstrap loses such a value in many resamples, where its effect is not estimable; the claim
+    then holds between the values that remain (``over``)."""
+    numeric = all(is_number(v) for v in values)
+    arr = np.array(values, dtype=float) if numeric else np.array([repr(v) for v in values], dtype=object)
+    while len(a):
+        rows = np.union1d(a, b)
+        compared, index = np.unique(arr[rows], return_inverse=True)
+        if len(compared) < 2:
+            break
+        if numeric:
+            reach = max(1.0, (len(compared) - 1) / (_knot_count(len(compared)) - 1))
+            thin = [v for v, near in ((compared[0], index < reach), (compared[-1], index > len(compared) - 1 - reach))
+                    if int(near.sum()) < NO_EFFECT_MIN_ROWS]
+        else:
+            counts = np.bincount(index, minlength=len(compared))
+            thin = [compared[int(np.argmin(counts))]] if counts.min() < NO_EFFECT_MIN_ROWS else []
+        if not thin:
+            break
+        keep = ~np.isin(arr[a], thin) & ~np.isin(arr[b], thin)
+        a, b = a[keep], b[keep]
+    return a, b
+
+
+def _linked(delta: np.ndarray) -> bool:
+    """Every column of the pairs' basis differences is compared, and all are linked by pairs."""
+    k = delta.shape[1]
+    touched = (np.abs(delta) > 1e-12).astype(float)
+    if k < 2 or bool((touched.sum(axis=0) == 0).any()):
+        return False
+    adjacent = (touched.T @ touched) > 0
+    reached = adjacent[0].copy()
+    for _ in range(k):
+        grown = reached | adjacent[reached].any(axis=0)
+        if bool((grown == reached).all()):
+            break
+        reached = grown
+    return bool(reached.all())
+
+
+def matched_effect(matching: _Matching, values: list[Any], y: np.ndarray, name: str, *,
+                   seed: int = 0) -> dict[str, Any] | None:
+    """The matched comparison of ``name`` (the module docstring): ``{"pairs", "spread",
+    "spread_high", "over"}`` in ``y``'s units, or None when no pairs link its values."""
+    a, b = matching.pairs(name)
+    if not len(a):
+        return None
+    a, b = _supported(values, *_linked_values(matching.keys[name], a, b))
+    if not len(a):
+        return None
+    rows = np.union1d(a, b)
+    basis, at_values, over = _basis(values, rows)
+    delta = basis[a] - basis[b]
+    unknown = {"pairs": int(len(a)), "over": over, "spread": None, "spread_high": None}
+    if not _linked(delta):
+        return unknown
+    # the other numeric parameters' differences within the pairs, as an independent set of
+    # columns (one that is 0 in every pair, or a combination of others, adjusts nothing)
+    adjust = np.column_stack([w[a] - w[b] for other, w in matching.numeric.items() if other != name] or
+                             [np.zeros(len(a))])
+    u, sv, _ = np.linalg.svd(adjust, full_matrices=False)
+    adjust = u[:, sv > RANK_TOLERANCE * max(float(sv.max()), 1e-300)]
+    design = np.column_stack([delta[:, 1:], adjust])
+    target = y[a] - y[b]
+    m = delta.shape[1] - 1
+    if not _identified(design.T @ design, m)[0]:
+        return unknown  # the pairs cannot tell a value's effect from the others' differences
+    n = len(y)
+    rng = np.random.default_rng(seed)
+    weights = np.stack([np.bincount(rng.integers(0, n, n), minlength=n) for _ in range(NO_EFFECT_RESAMPLES)]).astype(float)
+    w_pair = weights[:, a] * weights[:, b]
+    weighted = w_pair[:, :, None] * design[None, :, :]
+    gram = np.matmul(weighted.transpose(0, 2, 1), design)
+    identified, rank = _identified(gram, m)
+    # a resample that lost every pair of some value (or the pairs that told it from the others'
+    # differences) cannot estimate its effect: its spread is unknown, never 0
+    ginv = np.linalg.pinv(gram, rcond=RANK_TOLERANCE, hermitian=True)
+    coef = (ginv @ (weighted.transpose(0, 2, 1) @ target)[..., None])[..., 0]
+    resid = target[None, :] - coef @ design.T
+    s2 = (w_pair * resid ** 2).sum(axis=1) / np.maximum(w_pair.sum(axis=1) - rank, 1.0)
+    cov = ginv[:, :m, :m] * s2[:, None, None]
+    # half the mean square difference between a trial's value and each other value compared, less
+    # what the fit's own noise adds to it (the trace of its covariance against the same form)
+    at_rows, at_vals = basis[rows][:, 1:], at_values[:, 1:]
+    w = weights[:, rows] / np.maximum(weights[:, rows].sum(axis=1, keepdims=True), 1e-12)
+    f_rows, f_vals = coef[:, :m] @ at_rows.T, coef[:, :m] @ at_vals.T
+    q = (w * f_rows ** 2).sum(axis=1) - 2 * (w * f_rows).sum(axis=1) * f_vals.mean(axis=1) + (f_vals ** 2).mean(axis=1)
+    mean_val = at_vals.mean(axis=0)
+    aw = w @ at_rows
+    quad = (np.einsum("ra,ai,aj->rij", w, at_rows, at_rows) - aw[:, :, None] * mean_val[None, None, :]
+            - mean_val[None, :, None] * aw[:, None, :] + (at_vals.T @ at_vals / len(at_vals))[None])
+    noise = np.einsum("rij,rji->r", quad, cov)
+    var = (q - noise) / 2.0
+    spread = np.where(identified, np.sqrt(np.maximum(var, 0.0)), UNKNOWABLE)
+    mid, high = float(np.median(spread)), spread_bound(spread)
+    if high is None:
+        return {**unknown, "spread": round(mid, 4) if mid < UNKNOWABLE / 2 else None}
+    # the spread the fit's own noise would show were there no effect: a bound below it is
+    # the noise correction's doing, not the pairs' evidence (an imprecise fit corrects to 0)
+    resolution = float(np.median(np.sqrt(np.maximum(noise, 0.0) / 2.0)))
+    return {"pairs": int(len(a)), "over": over, "spread": round(mid, 4), "spread_high": round(high, 4),
+            "resolution": round(resolution, 4)}
+
+
+def spread_bound(spread: np.ndarray) -> float | None:
+    """The ``INTERVAL[1]`` percentile of the resamples' spreads, or None when it rests on a
+    resample that could not estimate it (``UNKNOWABLE``). The percentile interpolates between
+    two resamples: with 5 of 100 unknown it lay 5 % of the way from the largest known spread to
+    1e300, and ``study explain`` printed ``spread <= 4999...8.0 %``."""
+    high = float(np.percentile(spread, INTERVAL[1]))
+    known = spread[spread < UNKNOWABLE / 2]
+    return high if len(known) and high <= float(known.max()) else None
+
+
+def _identified(gram: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Whether the first ``m`` coefficients (the values' effects) of a least-squares fit with
+    normal matrix ``gram`` (or a stack of them) are estimable, and the fit's rank: they are when
+    the rank less the rank of the rest (the adjustments) is ``m``."""
+    def rank(g: np.ndarray) -> np.ndarray:
+        if g.shape[-1] == 0:
+            return np.zeros(g.shape[:-2], dtype=int)
+        ev = np.linalg.eigvalsh(g)
+        return (ev > RANK_TOLERANCE * np.maximum(ev.max(axis=-1, keepdims=True), 1e-300)).sum(axis=-1)
+    full = rank(gram)
+    return full - rank(gram[..., m:, m:]) == m, full
+
+
+def _n_bins(n: int) -> int:
+    return 2 if n < 40 else 3 if n < 80 else 4 if n < 160 else 5
+
+
+def _marginal(y: np.ndarray, groups: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Each parameter's share and spread alone (one-way, bias-corrected)."""
+    sst = float(((y - y.mean()) ** 2).sum())
+    out = [_epsilon_sq(y, g, sst) for g in groups]
+    return np.array([o[0] for o in out]), np.array([o[1] for o in out])
+
+
+def importance_of(rows: list[dict[str, Any]], y: Sequence[float], *, relative: bool, min_trials: int = MIN_TRIALS,
+                  min_outcomes: int = 0, resamples: int = RESAMPLES, seed: int = 0) -> dict[str, Any]:
+    """Each parameter's share of ``y``'s variance and spread, given the others and alone (see the
+    module docstring); spreads relative to ``y``'s mean when ``relative``, else in ``y``'s units
+    (the document says which, ``relative``, and the bound "no measurable effect" needs,
+    ``no_effect_spread``). ``min_outcomes``: for a 0/1 ``y`` (feasibility), the fewest trials of
+    each value; below it, or ``min_trials`` trials, the verdict says so and no parameter is
+    rated."""
+    n = len(rows)
+    names = sorted({k for r in rows for k in r})
+    no_effect_spread = NO_EFFECT_SPREAD if relative else NO_EFFECT_SPREAD_FEASIBILITY
+    doc: dict[str, Any] = {"trials": n, "min_trials": min_trials, "relative": relative,
+                           "no_effect_spread": no_effect_spread, "params": {}}
+    if n < min_trials:
+        doc["verdict"] = f"not enough trials ({n}, need {min_trials})"
+        return doc
+    yv = np.asarray(y, dtype=float)
+    if float(yv.std()) == 0.0:
+        doc["verdict"] = "the target does not vary"
+        return doc
+    failed, ran = int((yv == 0.0).sum()), int((yv != 0.0).sum())
+    if min(failed, ran) < min_outcomes:
+        what = "failures" if failed <= ran else "feasible trials"
+        doc["verdict"] = f"not enough {what} ({min(failed, ran)}, need {min_outcomes})"
+        return doc
+    scale = (abs(float(yv.mean())) or 1.0) if relative else 1.0
+
+    matching = _Matching(rows, [name for name in names if len({repr(r.get(name)) for r in rows}) > 1])
+    nb = _n_bins(n)
+    named = [(name, _groups([r.get(name) for r in rows], nb)) for name in names]
+    varied = [(name, g) for name, g in named if g is not None]
+    fines: list[np.ndarray] = [_groups([r.get(name) for r in rows], max(2 * nb, n // (2 * MIN_GROUP)))  # type: ignore[misc]
+                               for name, _ in varied]
+    doc["verdict"] = "ok"
+    rng = np.random.default_rng(seed)
+    share, spread, share1, spread1 = (np.empty((resamples, len(varied))) for _ in range(4))
+    for b in range(resamples):
+        # a bootstrap: its repeated trials fit some of their own noise, which biases shares up --
+        # the safe side for "no measurable effect" (half-samples, unbiased, made false claims)
+        idx = rng.integers(0, n, n)
+        gs = [np.unique(g[idx], return_inverse=True)[1] for _, g in varied]
+        fs = [np.unique(g[idx], return_inverse=True)[1] for g in fines]
+        share[b], spread[b] = _partial(yv[idx], gs, fs)
+        share1[b], spread1[b] = _marginal(yv[idx], gs)
+    spread /= scale
+    spread1 /= scale
+    lo_q, hi_q = INTERVAL
+    for j, (name, _) in enumerate(varied):
+        med, lo, hi = float(np.median(share[:, j])), float(np.percentile(share[:, j], lo_q)), float(np.percentile(share[:, j], hi_q))
+        alone = [float(np.median(share1[:, j])), float(np.percentile(share1[:, j], lo_q)), float(np.percentile(share1[:, j], hi_q))]
+        spread_hi = float(np.percentile(spread[:, j], hi_q))
+        matched = None
+        if lo >= EFFECT_SHARE and alone[1] >= EFFECT_SHARE:  # given the others and alone
+            verdict = "effect"
+        else:
+            if n >= NO_EFFECT_MIN_TRIALS:
+                matched = matched_effect(matching, [r.get(name) for r in rows], yv / scale, name, seed=seed)
+            verdict = "uncertain"
+            if (matched is not None and matched["spread_high"] is not None and matched["pairs"] >= NO_EFFECT_MIN_PAIRS
+                    and matched["spread_high"] < no_effect_spread and matched["resolution"] < no_effect_spread):
+                verdict = "no measurable effect"
+        doc["params"][name] = {"median": round(med, 4), "low": round(lo, 4), "high": round(hi, 4), "verdict": verdict,
+                               "alone": {"median": round(alone[0], 4), "low": round(alone[1], 4), "high": round(alone[2], 4)},
+                               "spread": round(float(np.median(spread[:, j])), 4), "spread_high": round(spread_hi, 4),
+                               "values": _tried([r.get(name) for r in rows]), "matched": matched}
+    for name, g in named:
+        if g is None:
+            doc["params"][name] = {"verdict": "not varied", "values": _tried([r.get(name) for r in rows])}
+    doc["params"] = dict(sorted(doc["params"].items(), key=lambda kv: -kv[1].get("median", -1.0)))
+    return doc
+
+
+def _tried(values: list[Any]) -> Any:
+    """The values tried: ``[min, max]`` of a numeric parameter, else the distinct values."""
+    present = [x for x in values if x is not None]
+    if present and all(is_number(x) for x in present):
+        return [min(present), max(present)]
+    return list({repr(x): x for x in present}.values())
+
+
+def importance(views: Sequence[TrialRecord]) -> dict[str, Any]:
+    """Importance for the objective (feasible trials measured to the end: a ``stopped`` trial has
+    no final value, only a bound) and for feasibility (finished trials; a stopped one ran fine)."""
+    rows = finished(views)
+    feasible = [v for v in rows if v.outcome == "ok" and v.value is not None]
+    objective = importance_of([v.params for v in feasible], [float(v.value) for v in feasible],  # type: ignore[arg-type]
+                              relative=True)
+    feas = importance_of([v.params for v in rows], [1.0 if v.outcome in MEASURED else 0.0 for v in rows],
+                         relative=False, min_outcomes=MIN_OUTCOMES)
+    method = (f"share of the variance only this parameter accounts for in an additive model over all parameters "
+              f"(ridge least squares, bias-corrected), bootstrap over trials "
+              f"({RESAMPLES} resamples, {INTERVAL[0]:g}-{INTERVAL[1]:g} % interval)")
+    no_effect = (f"no measurable effect: pairs of trials alike in every other parameter, the spread of this one's "
+                 f"effect between the values they compare below {NO_EFFECT_SPREAD:g} of the mean objective "
+                 f"({NO_EFFECT_SPREAD_FEASIBILITY:g} for feasibility) at the {INTERVAL[1]:g}th percentile of "
+                 f"{NO_EFFECT_RESAMPLES} bootstrap resamples")
+    return {"method": method, "no_effect_method": no_effect, "effect_share": EFFECT_SHARE,
+            "no_effect_spread": NO_EFFECT_SPREAD, "objective": objective, "feasibility": feas}
+
+
+
+
+__all__ = ["importance", "importance_of", "matched_effect"]

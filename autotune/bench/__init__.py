@@ -1,0 +1,1 @@
+"""The tuner's own benchmark: whole studies against the simulator's model."""

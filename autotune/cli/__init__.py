@@ -1,0 +1,1 @@
+"""The `autotune` command line."""

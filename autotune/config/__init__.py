@@ -1,0 +1,1 @@
+"""What the user declares: the study config, the search space, the objective, secrets."""

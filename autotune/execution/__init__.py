@@ -1,0 +1,1 @@
+"""Running one trial: hosts (local, SSH, Ray), the runner, the load generator, early stopping."""

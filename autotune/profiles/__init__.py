@@ -1,0 +1,1 @@
+"""What a person takes away: exported launch profiles, their verification, the report."""

@@ -1,0 +1,1 @@
+"""Proposing the next configuration: samplers, the feasibility model, implied failures."""

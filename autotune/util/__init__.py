@@ -1,0 +1,1 @@
+"""Small helpers every layer may use: text, numbers, YAML files, ports, units. Imports nothing above."""

@@ -1,0 +1,372 @@
+"""``autotune report``: one self-contained HTML page, checked in a real headless Chromium.
+
+A real study (the demo on the simulated host) is reported through the CLI; a study with
+everything in it (crashes, importances with intervals, an ablation, hostile text) is reported
+through :func:`autotune.profiles.report.build_report`. Both pages are rendered by Debian's ``chromium``:
+every figure must be drawn (plotly's ``main-svg`` inside each figure's div) and the browser must
+log no console error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import html
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from tests.needs import unavailable
+from optuna.distributions import (
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+from optuna.trial import TrialState, create_trial
+from tests.study.test_study import MFS, autotune, write_study
+
+CHROMIUM_INSTALL = "apt-get install -y --no-install-recommends chromium"
+FIGURES_DRAWN = """document.readyState === 'complete' &&
+  [...document.querySelectorAll('.plotly-graph-div')].every(d => d.querySelector('svg.main-svg'))"""
+FIGURE_SVGS = """JSON.stringify(Object.fromEntries([...document.querySelectorAll('.plotly-graph-div')].map(
+  d => [d.id, d.querySelectorAll('svg.main-svg').length])))"""
+
+
+# -- the browser ------------------------------------------------------------------------------
+def chromium() -> str:
+    """The path of Debian's ``chromium`` (skipped outside CI, failed under CI, when missing)."""
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        unavailable(f"a real headless browser: chromium is not installed ({CHROMIUM_INSTALL})")
+    return path
+
+
+@dataclass
+class Loaded:
+    """What the browser made of a page."""
+
+    dom: str
+    """The rendered DOM (``document.documentElement.outerHTML``)."""
+    text: str
+    """What a person reads (``document.body.innerText``)."""
+    errors: list[str]
+    """Console errors and assertions, uncaught exceptions, and the browser's error log entries
+    (a resource that failed to load, a blocked request): DevTools' levels, not guessed from text."""
+    value: Any = None
+    """The value of ``evaluate`` once the page was ready."""
+    screenshot: bytes | None = None
+
+
+def browse(url: str, ready: str, *, evaluate: str | None = None, screenshot: bool = False,
+           window: tuple[int, int] = (1400, 1000), timeout: float = 60) -> Loaded:
+    """Load ``url`` in headless Chromium (a fresh profile) through the DevTools protocol and wait
+    until the JavaScript expression ``ready`` is true.
+
+    Chromium's ``--enable-logging`` writes every console message at INFO level, whatever its
+    level; the protocol's events carry the level, so errors are told from logs exactly.
+    """
+    with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
+        log_path = Path(profile) / "chromium.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                 "--disable-extensions", "--disable-dev-shm-usage", "--remote-debugging-port=0",
+                 f"--user-data-dir={profile}/data", f"--window-size={window[0]},{window[1]}", "about:blank"],
+                stdout=log, stderr=log, start_new_session=True)
+        try:
+            active = Path(profile) / "data" / "DevToolsActivePort"
+            deadline = time.monotonic() + 30
+            while not (active.is_file() and len(active.read_text().splitlines()) >= 2):
+                assert proc.poll() is None and time.monotonic() < deadline, \
+                    f"chromium did not start (exit code {proc.poll()}): {log_path.read_text()[-3000:]}"
+                time.sleep(0.05)
+            port, path = active.read_text().splitlines()[:2]
+            return asyncio.run(_browse(f"ws://127.0.0.1:{port}{path}", url, ready, evaluate, screenshot, timeout))
+        finally:
+            try:
+                proc.wait(timeout=5)  # Browser.close ends it; after a failure, it is killed
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+async def _browse(endpoint: str, url: str, ready: str, evaluate: str | None, screenshot: bool,
+                  timeout: float) -> Loaded:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http, http.ws_connect(endpoint, max_msg_size=0) as ws:
+        page = _Devtools(ws)
+        try:
+            target = (await page.call("Target.createTarget", {"url": "about:blank"}))["targetId"]
+            page.session = (await page.call("Target.attachToTarget", {"targetId": target, "flatten": True}))["sessionId"]
+            for domain in ("Runtime", "Log", "Page"):
+                await page.call(f"{domain}.enable")
+            await page.call("Page.navigate", {"url": url})
+            deadline = time.monotonic() + timeout
+            while not await page.evaluate(f"!!({ready})"):
+                assert time.monotonic() < deadline, f"{url}: not ready after {timeout} s; errors: {page.errors}"
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(0.5)  # let late errors arrive
+            shot = None
+            if screenshot:
+                shot = base64.b64decode((await page.call("Page.captureScreenshot", {"format": "png"}))["data"])
+            value = await page.evaluate(evaluate) if evaluate else None
+            dom = await page.evaluate("document.documentElement.outerHTML")
+            text = await page.evaluate("document.body.innerText")
+            return Loaded(dom, text, page.errors, value, shot)
+        finally:
+            with contextlib.suppress(Exception):  # the browser may be gone already
+                await ws.send_json({"id": 0, "method": "Browser.close", "params": {}})
+
+
+class _Devtools:
+    """One page over the DevTools protocol: commands in turn, events gathered as they come."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws, self.session, self.next_id, self.errors = ws, None, 0, []
+
+    async def call(self, method: str, params: dict[str, Any] | None = None, *, session: bool = True) -> dict[str, Any]:
+        self.next_id += 1
+        msg: dict[str, Any] = {"id": self.next_id, "method": method, "params": params or {}}
+        if session and self.session:
+            msg["sessionId"] = self.session
+        await self.ws.send_json(msg)
+        while True:
+            got = await self.ws.receive_json(timeout=60)
+            if got.get("id") == self.next_id:
+                assert "error" not in got, f"{method}: {got['error']}"
+                return got.get("result", {})
+            self._event(got.get("method"), got.get("params") or {})
+
+    async def evaluate(self, expression: str) -> Any:
+        got = await self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True})
+        assert "exceptionDetails" not in got, got["exceptionDetails"]
+        return got["result"].get("value")
+
+    def _event(self, method: str | None, params: dict[str, Any]) -> None:
+        if method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
+            args = params.get("args") or []
+            self.errors.append("console." + params["type"] + ": " + " ".join(
+                str(a.get("value", a.get("description", ""))) for a in args))
+        elif method == "Runtime.exceptionThrown":
+            d = params.get("exceptionDetails") or {}
+            self.errors.append("uncaught: " + str((d.get("exception") or {}).get("description") or d.get("text")))
+        elif method == "Log.entryAdded" and (params.get("entry") or {}).get("level") == "error":
+            e = params["entry"]
+            self.errors.append(f"log ({e.get('source')}): {e.get('text')} {e.get('url', '')}".strip())
+
+
+def assert_self_contained(page: str) -> None:
+    assert not re.search(r"<script[^>]*\bsrc=", page, re.IGNORECASE), "a script is loaded from elsewhere"
+    assert not re.search(r"<link[^>]*\bhref=[\"']?https?:", page, re.IGNORECASE)
+    assert page.count("* plotly.js v") == 1, "plotly.js must be embedded exactly once"
+
+
+def check_in_browser(path: Path) -> Loaded:
+    """Open a report: no console error, and plotly drew an SVG in each of its figures."""
+    ids = re.findall(r'<div id="(fig-[a-z-]+)" class="plotly-graph-div', path.read_text())
+    assert ids, "the page has no figure"
+    got = browse(path.as_uri(), FIGURES_DRAWN, evaluate=FIGURE_SVGS)
+    assert got.errors == [], "\n".join(got.errors)
+    svgs = json.loads(got.value)
+    assert list(svgs) == ids and all(n >= 1 for n in svgs.values()), svgs
+    assert got.dom.count('class="main-svg"') >= len(ids)
+    return got
+
+
+# -- a real study through the CLI -------------------------------------------------------------
+ALGO = {"type": "categorical", "choices": ["Ring", "Tree"], "env": "NCCL_ALGO", "default": "Ring"}
+TREE_NCCL = {"NCCL_ALGO": "Tree", "mem_fraction_static": 0.92}  # NCCL error at start-up on the GLM-5 host
+RING_OOM = {"NCCL_ALGO": "Ring", "mem_fraction_static": 0.95}  # no headroom left: torch OOM at start-up
+RING_OK = {"NCCL_ALGO": "Ring", "mem_fraction_static": 0.92}  # serves
+LOAD = {"load": {"concurrency": 16, "num_prompts": 16, "input_len": 64, "output_len": 16, "warmup_prompts": 0}}
+RECORDED = "recorded"
+_recorded: dict[str, Path] = {}
+
+
+def recorded_study(factory: pytest.TempPathFactory) -> Path:
+    """The folder of a real study run once per test session by ``autotune study start`` on the
+    simulated host (``studies.db``, study ``recorded``): trial 0 crashes with an NCCL error, trial
+    1 with an OOM, trial 2 is measured. Shared with tests/study/test_dashboard_notes.py: copy it before
+    writing to it."""
+    if "folder" not in _recorded:
+        folder = factory.mktemp("recorded")
+        storage = f"sqlite:///{folder}/studies.db"
+        study = optuna.create_study(storage=storage, study_name=RECORDED, direction="maximize")
+        for params in (TREE_NCCL, RING_OOM, RING_OK):
+            study.enqueue_trial(params)
+        cfg = write_study(folder, RECORDED, {"NCCL_ALGO": ALGO, "mem_fraction_static": MFS}, trials=3, overrides=LOAD)
+        autotune("study", "start", str(cfg), cwd=folder)
+        _recorded["folder"] = folder
+    return _recorded["folder"]
+
+
+def test_report_of_a_real_study_renders_in_chromium(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    chromium()
+    storage = f"sqlite:///{recorded_study(tmp_path_factory)}/studies.db"
+    out = tmp_path / "report.html"
+    proc = autotune("report", RECORDED, "--storage", storage, "-o", str(out), cwd=tmp_path)
+    assert f"wrote {out}" in proc.stderr and out.stat().st_mode & 0o777 == 0o600
+    page = out.read_text()
+    assert_self_contained(page)
+    for section in ("Optimization history", "Parameter importances", "Feasibility map", "Parallel coordinates",
+                    "Crash rules", "Ablation", "Best profile"):
+        assert f">{section}</h2>" in page, section
+    assert f"autotune study ablate {RECORDED}" in page  # no ablation yet
+    assert "#!/usr/bin/env bash" in page and "exec " in page  # the best profile, as `export --format sh`
+    # ... exactly `autotune export`'s (memory back-off and provenance included), but for the times.
+    exported = autotune("export", RECORDED, "--storage", storage, "--format", "sh", cwd=tmp_path).stdout
+    shown = html.unescape(re.search(r"<pre class=profile>(.*?)</pre>", page, re.S).group(1))
+    stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d"
+    assert re.sub(stamp, "T", shown) == re.sub(stamp, "T", exported)
+    assert "# memory: mem_fraction_static" in shown and "# engine: sim" in shown
+    assert "infeasible: nccl-error" in page and "infeasible: oom" in page  # the feasibility map's traces
+    ids = re.findall(r'<div id="(fig-[a-z-]+)" class="plotly-graph-div', page)
+    assert ids == ["fig-history", "fig-feasibility", "fig-parallel"], ids  # 3 trials: too few for importances
+    got = check_in_browser(out)
+    assert f"autotune report: {RECORDED}" in got.text and "not enough trials" in got.text
+
+
+def test_report_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path}/s.db"
+    optuna.create_study(storage=storage, study_name="empty")
+    cases = [
+        (["report", "nope", "--storage", storage, "-o", str(tmp_path / "r.html")], "no study named 'nope'"),
+        (["report", "empty", "--storage", storage, "-o", str(tmp_path / "no" / "r.html")], "does not exist"),
+        (["report", "empty", "--storage", storage, "-o", str(tmp_path / "r.html")], "no trials"),
+    ]
+    for args, expected in cases:
+        proc = autotune(*args, cwd=tmp_path, check=False)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and expected in proc.stderr, proc.stderr
+    assert not (tmp_path / "r.html").exists()
+
+
+# -- a study with everything in it ------------------------------------------------------------
+HOSTILE = "<script>alert('x')</script> & \"quotes\""
+DISTS = {"mem_fraction_static": FloatDistribution(0.5, 0.95), "NCCL_MIN_NCHANNELS": IntDistribution(1, 32),
+         "NCCL_ALGO": CategoricalDistribution(["Ring", "Tree"])}
+
+
+def _trial(n: int, params: dict[str, Any], value: float | None, kind: str | None = None) -> optuna.trial.FrozenTrial:
+    """A trial as the driver records it (TPE: an infeasible trial is PRUNED)."""
+    ok = value is not None
+    attrs = {"outcome": "ok" if ok else "infeasible", "feasible": ok, "failure_kind": kind,
+             "failure_message": None if ok else f"{kind}: {HOSTILE}", "failure_excerpt": None if ok else f"line\n{HOSTILE}",
+             "metrics": {"output_throughput": value} if ok else {}, "applied": params,
+             "env": {"NCCL_MIN_NCHANNELS": str(params["NCCL_MIN_NCHANNELS"]), "NCCL_ALGO": params["NCCL_ALGO"]},
+             "argv": ["python", "-m", "autotune.sim", "serve", "--mem-fraction-static", str(params["mem_fraction_static"]),
+                      "--port", "30000"],
+             "argv_template": ["python", "-m", "autotune.sim", "serve", "--mem-fraction-static",
+                               str(params["mem_fraction_static"]), "--port", "{port}"],
+             "duration_s": 10.0 + n, "baseline": n == 0}
+    return create_trial(state=TrialState.COMPLETE if ok else TrialState.PRUNED, value=value, params=params,
+                        distributions=DISTS, user_attrs=attrs, system_attrs={"constraints:failure": -1.0 if ok else 1.0})
+
+
+def rich_study(storage: str, name: str = "rich") -> optuna.Study:
+    """36 trials on a grid: NCCL_ALGO=Tree crashes (nccl-error), mem_fraction_static >= 0.94
+    crashes (oom), and the throughput of the rest grows with NCCL_MIN_NCHANNELS; an ablation."""
+    study = optuna.create_study(storage=storage, study_name=name, direction="maximize")
+    study.set_user_attr("objective", {"name": "quick", "metric": "output_throughput"})
+    study.set_user_attr("config", {"target": {"engine": "sim"}})
+    for n in range(36):
+        mfs = [0.70, 0.75, 0.80, 0.85, 0.88, 0.90, 0.92, 0.94, 0.95][n % 9]
+        ch = [4, 8, 12, 16, 24, 32][n % 6]
+        algo = "Tree" if n % 5 == 2 else "Ring"
+        kind = "nccl-error" if algo == "Tree" else "oom" if mfs >= 0.94 else None
+        value = None if kind else 1000.0 + 20.0 * ch + 3.0 * (n % 5)
+        study.add_trial(_trial(n, {"mem_fraction_static": mfs, "NCCL_MIN_NCHANNELS": ch, "NCCL_ALGO": algo}, value, kind))
+    study.set_user_attr("ablation", {
+        "run": "abc123", "date": "2026-12-01T00:00:00+00:00", "best_trial": 5, "baseline_trial": 0,
+        "best_mean": 1640.0, "best_n": 2, "baseline_mean": 1080.0, "baseline_n": 2, "gain": 560.0, "interval": 0.9,
+        "parameters": [
+            {"parameter": "NCCL_MIN_NCHANNELS", "best": 32, "baseline": 4, "trials": [36, 37], "measured": 2, "failed": [],
+             "mean": 1100.0, "share": 0.8, "share_low": 0.6, "share_high": 0.95},
+            {"parameter": "mem_fraction_static", "best": 0.90, "baseline": 0.70, "trials": [38, 39], "measured": 2,
+             "failed": [], "mean": 1400.0, "share": 0.2, "share_low": 0.05, "share_high": 0.4}]})
+    return study
+
+
+def test_report_has_every_section_escaped_and_renders(tmp_path: Path) -> None:
+    """The real analysis (`study explain`'s document) over a study with everything in it."""
+    from autotune.analysis.explain import explain
+    from autotune.profiles.report import build_report
+
+    storage = f"sqlite:///{tmp_path}/rich.db"
+    study = rich_study(storage)
+    doc = explain(study)
+    page = build_report(study, storage, analysis=doc)
+    assert_self_contained(page)
+    ids = re.findall(r'<div id="(fig-[a-z-]+)" class="plotly-graph-div', page)
+    assert ids == ["fig-history", "fig-importance", "fig-importance-feasibility", "fig-feasibility", "fig-parallel",
+                   "fig-ablation"], ids
+    # User text is escaped in the page and inside the figures' JSON.
+    assert "<script>alert" not in page and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
+    # The crash rules with their support, as the analysis found them.
+    assert doc["failure_rules"], doc
+    for rule in doc["failure_rules"]:
+        assert f"<td>{html.escape(rule['condition'])}</td>" in page, rule
+    assert "<th>failed of covered</th>" in page
+    # The importances with their intervals: a table row per parameter, and the chart.
+    params = {k: v for k, v in doc["importance"]["objective"]["params"].items() if "median" in v}
+    assert params, doc
+    for name, row in params.items():
+        assert f"<td>{name}</td><td>{row['median']:.4g}</td><td>{row['low']:.4g}</td>" in page, name
+    # The ablation's shares and intervals.
+    assert "0.6 .. 0.95" in page and "interval (90%)" in page
+    # The feasibility map is drawn over the two most important parameters.
+    assert re.search(r"Feasibility: \w+ x \w+", page)
+    out = tmp_path / "rich.html"
+    out.write_text(page)
+    got = check_in_browser(out)
+    assert "infeasible: oom" in got.dom and "infeasible: nccl-error" in got.dom  # the map's legend, drawn by plotly
+    assert "<script>alert" in got.text  # shown as text, never run
+
+
+def test_importances_and_the_map_parameters_from_the_analysis() -> None:
+    from autotune.profiles.report import importance_sets, top_parameters
+    from autotune.store.record import TrialRecord
+
+    def row(name: str, imp: float | None, lo: float | None = None, hi: float | None = None,
+            verdict: str | None = None) -> dict[str, Any]:
+        return {"parameter": name, "importance": imp, "low": lo, "high": hi, "verdict": verdict}
+
+    # `study explain`'s document: objective and feasibility, medians with intervals and verdicts.
+    doc = {"importance": {"method": "m", "objective": {"verdict": "not enough trials (4, need 20)", "params": {}},
+                          "feasibility": {"verdict": "ok", "params": {
+                              "b": {"median": 0.6, "low": 0.4, "high": 0.8, "verdict": "effect"},
+                              "c": {"verdict": "not varied"}}}}}
+    sets = importance_sets(doc)
+    assert [(st["target"], st["verdict"]) for st in sets] == [("objective", "not enough trials (4, need 20)"),
+                                                             ("feasibility", None)]
+    assert sets[1]["rows"] == [row("b", 0.6, 0.4, 0.8, "effect"), row("c", None, verdict="not varied")]
+    # The map's parameters: by importance, then those the rules name, then the rest.
+    views = [TrialRecord(0, "COMPLETE", "ok", {"a": 1, "b": 2, "c": 3, "d": 4}, 1.0, {}, None, 1.0)]
+    assert top_parameters(sets[1]["rows"], [], views) == ["b", "a"]
+    assert top_parameters([], [{"conditions": [{"param": "d", "op": "=", "value": 4}]}], views) == ["d", "a"]
+    # with nothing rated, an axis the trials varied before one they held (one value maps nothing)
+    views.append(TrialRecord(1, "COMPLETE", "ok", {"a": 1, "b": 2, "c": 5, "d": 6}, 1.0, {}, None, 1.0))
+    assert top_parameters([], [], views) == ["c", "d"]
+
+
+def test_a_study_without_feasible_trials_still_reports(tmp_path: Path) -> None:
+    from autotune.profiles.report import build_report
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/bad.db", study_name="bad", direction="maximize")
+    study.add_trial(_trial(0, {"mem_fraction_static": 0.95, "NCCL_MIN_NCHANNELS": 8, "NCCL_ALGO": "Ring"}, None, "oom"))
+    page = build_report(study, f"sqlite:///{tmp_path}/bad.db")
+    assert "No feasible trial yet: no profile to export." in page
+    assert "not enough trials (0, need" in page  # the analysis' verdict, no chart
+    assert 'id="fig-feasibility"' in page and 'id="fig-parallel"' not in page
