@@ -6,7 +6,7 @@ by study.
 parameters (its ``BEHAVIOURS``), and as stated where ``study explain`` prints a rule over both.
 ``explain`` asks a two-condition rule for ``MIN_PAIR_SUPPORT`` failures and, for each condition,
 that it picks the failures out among the trials the other covers below ``ALPHA_WITHIN``
-(:mod:`autotune.crash_rules`, step 5). For each form below, this script takes each study that
+(:mod:`autotune.analysis.crash_rules`, step 5). For each form below, this script takes each study that
 shows the interaction and searches every rule of the form over the values the study tried, for
 the one with the most failures of its kind and no trial that ran (the best such a rule could
 claim; failures of other kinds are left aside), and prints:
@@ -45,9 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from explain_truth import BEHAVIOURS, designs, rule_truth, run_study  # noqa: E402
 
-from autotune.crash_rules import ALPHA_WITHIN, MIN_PAIR_SUPPORT, hypergeom_tail  # noqa: E402
-from autotune.derived import DERIVED, derived_value  # noqa: E402
-from autotune.driver import finished_trials  # noqa: E402
+from autotune.analysis.crash_rules import ALPHA_WITHIN, MIN_PAIR_SUPPORT, hypergeom_tail  # noqa: E402
+from autotune.config.derived import DERIVED, derived_value  # noqa: E402
+from autotune.study.driver import finished_trials  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ against the simulator's own model.
 
 No server is launched. Each study is an in-memory Optuna study with the driver's own sampler,
 made as the driver makes it (``make_sampler("tpe", seed, ...)`` with the space's rules,
-``monotone`` and ``raise_when`` declarations: :class:`autotune.samplers.CrashAwareTPESampler`),
+``monotone`` and ``raise_when`` declarations: :class:`autotune.search.samplers.CrashAwareTPESampler`),
 the baseline enqueued first as the driver does (the driver's skips of implied failures are not
 replayed: every proposal is launched). Each trial's launch (``SearchSpace.to_launch``: the env vars and flags a real
 trial gets, rules repaired) is parsed with the simulated server's own argparse and given to
@@ -28,7 +28,7 @@ Two study designs per built-in scenario:
   host, where the report fixes 0.92) ``mem_fraction_static`` near the known-good value: where the
   planted crashes live.
 
-Then ``autotune.analysis.explain`` runs on each study and is scored, the 30-trial studies and
+Then ``autotune.analysis.explain.explain`` runs on each study and is scored, the 30-trial studies and
 the longer ones (``--long-studies``, ``--long-trials``) apart:
 
 - **planted behaviours**: whether a printed rule states each behaviour the scenarios plant, out
@@ -39,7 +39,7 @@ the longer ones (``--long-studies``, ``--long-trials``) apart:
   are shown by a NCCL-buffer failure that the same point with the channels left to NCCL and
   4 MiB buffers (NCCL's defaults) does not have, and stated by a ``nccl-error`` rule on
   ``NCCL_MIN_NCHANNELS >=``, ``NCCL_BUFFSIZE >=`` or their product ``nccl_buffers_mib >=``
-  (:mod:`autotune.derived`; a rule over it is checked by redrawing the variables it is read
+  (:mod:`autotune.config.derived`; a rule over it is checked by redrawing the variables it is read
   from). The channels x ``mem_fraction_static`` interaction
   is shown by a failure that both parameters caused: the same point at the lowest
   ``mem_fraction_static`` searched runs, and with the channel count left to NCCL does not fail
@@ -88,19 +88,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.analysis import MIN_SUPPORT, MONOTONE_ATTR, explain
-from autotune.crash_rules import Condition
-from autotune.demo import DEMO_CONFIG
-from autotune.derived import derived_inputs
-from autotune.driver import finished_trials, make_sampler
-from autotune.failures import names_choice
-from autotune.importance import NO_EFFECT_SPREAD
-from autotune.load_signals import ATTR as SIGNALS_ATTR
+from autotune.analysis.explain import MIN_SUPPORT, MONOTONE_ATTR, explain
+from autotune.analysis.crash_rules import Condition
+from autotune.config.demo import DEMO_CONFIG
+from autotune.config.derived import derived_inputs
+from autotune.study.driver import finished_trials, make_sampler
+from autotune.outcome.failures import names_choice
+from autotune.analysis.importance import NO_EFFECT_SPREAD
+from autotune.outcome.load_signals import ATTR as SIGNALS_ATTR
 from autotune.sim.args import parse_server_args
 from autotune.sim.engine import configure
 from autotune.sim.model import Prediction, Workload, predict
 from autotune.sim.scenario import load_scenario
-from autotune.space import SearchSpace
+from autotune.config.space import SearchSpace
 
 SCENARIOS = ("rtx6000-pcie-glm5", "rtx6000-pcie-kimi-eagle3", "h200-nvlink-llama70b")
 WORKLOAD = Workload(concurrency=192, num_prompts=192, input_len=64, output_len=16)  # objectives/quick.yaml
@@ -299,7 +299,7 @@ def _draw(d: Design, conds: list[dict[str, Any]], base: dict[str, Any], rng: ran
     conjunction holds (``satisfy``) or does not, as launched (MIN <= MAX repaired)."""
     for _try in range(200):
         point = dict(base)
-        for cond in conds:  # a derived quantity's (autotune.derived): its inputs the space searches
+        for cond in conds:  # a derived quantity's (autotune.config.derived): its inputs the space searches
             for param in derived_inputs(cond["param"]) or (cond["param"],):
                 if param in d.space.parameters:
                     point[param] = _any_value(d, param, rng)
@@ -389,7 +389,7 @@ class Behaviour:
     scoped: Callable[[str, list[dict[str, Any]], list[dict[str, Any]]], bool] | None = None
     named: tuple[str, str] | None = None
     """A setting whose failures the engine's error names: one failure that names it shows the
-    behaviour (``explain`` states a rule from it, :mod:`autotune.crash_rules` step 0)."""
+    behaviour (``explain`` states a rule from it, :mod:`autotune.analysis.crash_rules` step 0)."""
 
     def showing(self, d: Design, trials: list[FrozenTrial]) -> list[FrozenTrial]:
         """The failed ``trials`` that show the behaviour."""

@@ -4,8 +4,8 @@ Two measurements, each against a baseline in the same run:
 
 1. The runner's per-poll log work, at log sizes of 100 KB and 8 MB: a whole-text scan for
    failure patterns (what every 0.1 s poll did before) against the incremental reader
-   (:class:`autotune.runner.LogWatcher`: read what was appended, scan only the new lines).
-2. Whole trials through :class:`autotune.runner.TrialRunner` against the simulated host, quiet
+   (:class:`autotune.execution.runner.LogWatcher`: read what was appended, scan only the new lines).
+2. Whole trials through :class:`autotune.execution.runner.TrialRunner` against the simulated host, quiet
    and noisy interleaved: the noisy server writes ``--mb`` MB of log lines while it is measured.
    The ratio of median output throughputs (noisy / quiet) should be within 1% of 1.
 
@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 
 from autotune.engines.registry import PRESETS
-from autotune.failures import COMMON_PATTERNS, find_error
-from autotune.hosts import LocalHost
-from autotune.objective import Objective
-from autotune.runner import LogWatcher, TrialRunner, TrialSpec
+from autotune.outcome.failures import COMMON_PATTERNS, find_error
+from autotune.execution.hosts import LocalHost
+from autotune.config.objective import Objective
+from autotune.execution.runner import LogWatcher, TrialRunner, TrialSpec
 
 SCENARIO = "h200-nvlink-llama70b"
 LINE = "INFO 12-01 00:00:00 [engine.py:123] Avg prompt throughput: 1234.5 tokens/s, padding padding padding\n"

@@ -9,7 +9,7 @@ noise. What is timed is the whole ``autotune study start`` process, start-up and
 included.
 
 Per seed: wall clock of each, speedup (serial / Ray), best feasible value of each
-(:func:`autotune.study_view.best_view`; infeasible trials are stored PRUNED), best ratio (Ray
+(:func:`autotune.store.study_view.best_view`; infeasible trials are stored PRUNED), best ratio (Ray
 over serial, >= 1 is "no worse", whatever the study's direction), how many Ray trials ran at once
 at the peak (from ``datetime_start`` / ``datetime_complete``), and the slots the trials used.
 
@@ -39,7 +39,7 @@ from typing import Any
 
 import optuna
 
-from autotune.study_view import best_view
+from autotune.store.study_view import best_view
 from autotune.testing.ray_cluster import LocalRayCluster
 
 SPEEDUP_GOAL = 2.4

@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 
 
-from autotune._net import free_port, wait_http_ok
-from autotune.loadgen import Workload, run_load_sync
+from autotune.util.net import free_port, wait_http_ok
+from autotune.execution.loadgen import Workload, run_load_sync
 
 SEED = 7
 READY_TIMEOUT_S = 60

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 
-from autotune._net import free_port, wait_http_ok
+from autotune.util.net import free_port, wait_http_ok
 
 READY_TIMEOUT_S = 180
 CHILD_TIMEOUT_S = 900
@@ -106,7 +106,7 @@ def run_child(tool: str, url: str, model: Path, workload: tuple[int, int, int, i
 
 
 def child_autotune(args: argparse.Namespace) -> dict[str, Any]:
-    from autotune.loadgen import Workload, run_load_sync
+    from autotune.execution.loadgen import Workload, run_load_sync
 
     result = run_load_sync(args.url, Workload(
         api="openai", concurrency=args.concurrency, num_prompts=args.num_prompts, input_len=args.input_len,

@@ -1,17 +1,17 @@
 """How far the reported best is from its true value under the study's confirmation procedure.
 
-A Monte Carlo of what ``budget.confirm`` does at its defaults (autotune/confirmation.py): a study
+A Monte Carlo of what ``budget.confirm`` does at its defaults (autotune/study/confirmation.py): a study
 has measured ``N`` configurations once each at relative noise ``NOISE``; the top 3 by their
 single measurement are measured again to 3 measurements each; the best is reported. The true
 values are ``1 - |normal(0, spread)|``, so ``spread`` sets how close the rivals are. Printed per
 spread, the median relative error of the reported figure under two rules: the best by the mean
 of all three measurements, reported as that mean (what ``study best`` did before 2026-12-02); and
 the best by the mean of its two confirmation runs, reported as that mean (what it does now:
-:class:`autotune.study_view.Measured` leaves out the first run, the one that made the
+:class:`autotune.store.study_view.Measured` leaves out the first run, the one that made the
 configuration a candidate).
 
 Then the reported best's 95% interval: how often it holds the true value, and its median
-half-width, when the pooled run-to-run noise (:func:`autotune.study_view.pooled_noise`) counts
+half-width, when the pooled run-to-run noise (:func:`autotune.store.study_view.pooled_noise`) counts
 the runs after the first only (what it did before 2026-12-03: with fewer than two such runs
 anywhere, the best's own runs' t-interval, or none) or every run of the configurations measured
 again (what it does now), for several counts of runs after the first per candidate: ``2 2 2`` is
@@ -30,9 +30,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune._stats import t95  # noqa: E402
-from autotune.study_view import measured_configs  # noqa: E402
-from autotune.record import TrialRecord
+from autotune.util.stats import t95  # noqa: E402
+from autotune.store.study_view import measured_configs  # noqa: E402
+from autotune.store.record import TrialRecord
 
 N = 40
 NOISE = 0.02
@@ -70,7 +70,7 @@ def intervals(spread: float, after: tuple[int, ...], reps: int,
     interval, for the best by the mean of its runs after the first: ``after`` runs after the
     first for each candidate, best-ranked first. ``after-first``: the noise pooled over the
     runs after the first (used where it has more degrees of freedom than the best's own runs,
-    else the own runs' t-interval); ``every-run``: :func:`autotune.study_view.measured_configs`'s
+    else the own runs' t-interval); ``every-run``: :func:`autotune.store.study_view.measured_configs`'s
     interval, pooled over every run of each candidate."""
     out: dict[str, list[tuple[bool, float]]] = {"after-first": [], "every-run": []}
     for _ in range(reps):
@@ -89,7 +89,7 @@ def intervals(spread: float, after: tuple[int, ...], reps: int,
             half = math.nan
         if not math.isnan(half):
             out["after-first"].append((abs(mean - truth) <= half, half / mean))
-        # what `study best` does now: autotune.study_view's own figure and interval
+        # what `study best` does now: autotune.store.study_view's own figure and interval
         best = measured_configs([TrialRecord(i, "COMPLETE", "ok", {"c": int(c)}, float(v), {}, None, None)
                                  for i, (c, v) in enumerate([(c, first[c]) for c in cand]
                                                             + [(c, x) for c, f in zip(cand, fresh) for x in f])])[b]

@@ -2,7 +2,7 @@
 
 Ray starts its workers at niceness 15 unless told otherwise (``RAY_worker_niceness``), and a
 trial's server and load generator, started from a worker, inherit it. This measures what that
-does to a measurement: whole trials through :class:`autotune.runner.TrialRunner` against the
+does to a measurement: whole trials through :class:`autotune.execution.runner.TrialRunner` against the
 simulated host (server and load generator in one child process started at the niceness, as in a
 Ray task), niceness 0 and 15 alternating, beside ``--busy`` CPU-bound processes at niceness 0
 (the rest of a shared host). The figure is the ratio of median output throughputs (15 / 0) in
@@ -29,9 +29,9 @@ BUSY = "while True: pass"
 def child(log_dir: str, number: int) -> None:
     """One trial of the quick objective against a simulated server; prints its tok/s."""
     from autotune.engines.registry import PRESETS
-    from autotune.hosts import LocalHost
-    from autotune.objective import Objective
-    from autotune.runner import TrialRunner, TrialSpec
+    from autotune.execution.hosts import LocalHost
+    from autotune.config.objective import Objective
+    from autotune.execution.runner import TrialRunner, TrialSpec
 
     template = (f"{sys.executable} -m autotune.sim serve --scenario {SCENARIO} --host {{host}} --port {{port}}"
                 " --mem-fraction-static 0.8 --max-running-requests 192")

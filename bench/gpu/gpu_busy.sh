@@ -79,7 +79,7 @@ for name in ("torch", "transformers", "optuna", "pydantic", "fastapi", "uvicorn"
 import torch
 print("cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")
 import transformers.cli.serving.completion  # noqa: F401
-import autotune.cli, autotune.gpu_check  # noqa: F401
+import autotune.cli.app, autotune.execution.gpu_check  # noqa: F401
 print("imports ok")
 EOF
   nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv

@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from autotune.objective import Objective  # noqa: E402
+from autotune.config.objective import Objective  # noqa: E402
 
 OLD_METRIC = "latency_us@all_reduce@43008"
 """The objective `nccl` had before it weighed the engine's mix: the decode step's all-reduce."""

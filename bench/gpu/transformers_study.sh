@@ -76,7 +76,7 @@ for name in ("torch", "transformers", "tokenizers", "fastapi", "starlette", "uvi
 import torch
 print("cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")
 import transformers.cli.serving.completion  # noqa: F401  (serve's own imports: fastapi, openai, ...)
-import autotune.cli  # noqa: F401
+import autotune.cli.app  # noqa: F401
 print("imports ok")
 EOF
   nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
