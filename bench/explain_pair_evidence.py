@@ -45,7 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from explain_truth import BEHAVIOURS, designs, rule_truth, run_study  # noqa: E402
 
-from autotune.analysis.crash_rules import ALPHA_WITHIN, MIN_PAIR_SUPPORT, hypergeom_tail  # noqa: E402
+from autotune.analysis.rule_cover import ALPHA_WITHIN, MIN_PAIR_SUPPORT  # noqa: E402
+from autotune.analysis.rule_stats import hypergeom_tail  # noqa: E402
 from autotune.config.derived import DERIVED, derived_value  # noqa: E402
 from autotune.study.driver import finished_trials  # noqa: E402
 

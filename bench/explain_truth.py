@@ -89,10 +89,11 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.analysis.explain import MIN_SUPPORT, MONOTONE_ATTR, explain
-from autotune.analysis.crash_rules import Condition
+from autotune.analysis.conditions import Condition
 from autotune.config.demo import DEMO_CONFIG
 from autotune.config.derived import derived_inputs
-from autotune.study.driver import finished_trials, make_sampler
+from autotune.search.factory import make_sampler
+from autotune.study.driver import finished_trials
 from autotune.outcome.failures import names_choice
 from autotune.analysis.importance import NO_EFFECT_SPREAD
 from autotune.outcome.load_signals import ATTR as SIGNALS_ATTR

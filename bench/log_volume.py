@@ -4,7 +4,7 @@ Two measurements, each against a baseline in the same run:
 
 1. The runner's per-poll log work, at log sizes of 100 KB and 8 MB: a whole-text scan for
    failure patterns (what every 0.1 s poll did before) against the incremental reader
-   (:class:`autotune.execution.runner.LogWatcher`: read what was appended, scan only the new lines).
+   (:class:`autotune.execution.log_watcher.LogWatcher`: read what was appended, scan only the new lines).
 2. Whole trials through :class:`autotune.execution.runner.TrialRunner` against the simulated host, quiet
    and noisy interleaved: the noisy server writes ``--mb`` MB of log lines while it is measured.
    The ratio of median output throughputs (noisy / quiet) should be within 1% of 1.
@@ -26,7 +26,9 @@ from autotune.engines.registry import PRESETS
 from autotune.outcome.failures import COMMON_PATTERNS, find_error
 from autotune.execution.hosts import LocalHost
 from autotune.config.objective import Objective
-from autotune.execution.runner import LogWatcher, TrialRunner, TrialSpec
+from autotune.execution.log_watcher import LogWatcher
+from autotune.execution.runner import TrialRunner
+from autotune.execution.trial import TrialSpec
 
 SCENARIO = "h200-nvlink-llama70b"
 LINE = "INFO 12-01 00:00:00 [engine.py:123] Avg prompt throughput: 1234.5 tokens/s, padding padding padding\n"

@@ -23,7 +23,8 @@ from pathlib import Path
 
 
 from autotune.util.net import free_port, wait_http_ok
-from autotune.execution.loadgen import Workload, run_load_sync
+from autotune.execution.loadgen import run_load_sync
+from autotune.execution.workload import Workload
 
 SEED = 7
 READY_TIMEOUT_S = 60

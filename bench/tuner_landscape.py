@@ -1,6 +1,6 @@
 """How rare a near-optimal configuration is on a scenario: random configurations of a space
-through the noise-free model (`autotune.bench.tuner.Evaluator`), the shares that are feasible and
-that reach 90% and 95% of the optimum (`autotune.bench.tuner.find_optimum`), and the range of each
+through the noise-free model (`autotune.bench.setups.Evaluator`), the shares that are feasible and
+that reach 90% and 95% of the optimum (`autotune.bench.optimum.find_optimum`), and the range of each
 parameter among those reaching 90%. With ``--neighbours K``, also how much of the optimum's
 neighbourhood fails: K configurations that take 1 (then 3) parameters of the optimum from a random
 configuration, the rest kept, and the share of them infeasible -- the failure rate a search that
@@ -19,7 +19,8 @@ import warnings
 
 import optuna
 
-from autotune.bench.tuner import Evaluator, Setup, find_optimum
+from autotune.bench.optimum import find_optimum
+from autotune.bench.setups import Evaluator, Setup
 
 
 def main() -> None:

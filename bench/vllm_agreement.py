@@ -106,7 +106,8 @@ def run_child(tool: str, url: str, model: Path, workload: tuple[int, int, int, i
 
 
 def child_autotune(args: argparse.Namespace) -> dict[str, Any]:
-    from autotune.execution.loadgen import Workload, run_load_sync
+    from autotune.execution.loadgen import run_load_sync
+    from autotune.execution.workload import Workload
 
     result = run_load_sync(args.url, Workload(
         api="openai", concurrency=args.concurrency, num_prompts=args.num_prompts, input_len=args.input_len,

@@ -31,7 +31,8 @@ def child(log_dir: str, number: int) -> None:
     from autotune.engines.registry import PRESETS
     from autotune.execution.hosts import LocalHost
     from autotune.config.objective import Objective
-    from autotune.execution.runner import TrialRunner, TrialSpec
+    from autotune.execution.runner import TrialRunner
+    from autotune.execution.trial import TrialSpec
 
     template = (f"{sys.executable} -m autotune.sim serve --scenario {SCENARIO} --host {{host}} --port {{port}}"
                 " --mem-fraction-static 0.8 --max-running-requests 192")

@@ -15,7 +15,7 @@ evidence several times.
   study for each objective too (``importance.objectives``, in order; ``importance.objective``
   is the first's).
 
-The modules' docstrings say how, and why.
+The modules' docstrings say how.
 """
 
 from __future__ import annotations
@@ -26,7 +26,10 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from autotune.analysis.crash_rules import MIN_SUPPORT, failure_rules, finished, is_number, rule_settings
+from autotune.analysis.conditions import is_number
+from autotune.analysis.crash_rules import failure_rules
+from autotune.analysis.failure_stages import finished
+from autotune.analysis.rule_cover import MIN_SUPPORT, rule_settings
 from autotune.analysis.importance import importance, importance_of
 from autotune.store.study_view import objectives
 from autotune.store.record import TrialRecord, read

@@ -1,105 +1,30 @@
 """Which parameters matter, and how sure we are: importances with intervals and honest verdicts.
 
-:func:`importance` reads the trials (:class:`autotune.store.study_view.TrialRecord`); ``autotune study
-explain`` prints it (:mod:`autotune.analysis.explain`).
+:func:`importance` rates each parameter for the objective (the trials measured to the end) and
+for feasibility (1 ran, 0 failed, over the finished trials); :func:`importance_of` rates them for
+one target. ``autotune study explain`` prints it (:mod:`autotune.analysis.explain`).
 
-Shares
-------
+- **Shares** (:func:`_partial`): the share of the target's variance that only the parameter
+  accounts for, given the others, in an additive ridge model over the parameters' groups (a
+  categorical's values; 2 to 5 quantile bins of a number), bias-corrected, with a bootstrap
+  interval (``RESAMPLES`` resamples, ``INTERVAL``); and its share alone (``alone``).
+- **Matched comparisons** (:func:`matched_effect`): pairs of trials alike in every other
+  parameter whose differences give the spread of this one's effect. The sampler moves every
+  parameter towards the best trials together, so only these can support "no measurable effect".
 
-For each parameter, the share of a target's variance that *only it* accounts for, for the
-objective over the feasible trials and for feasibility (1 ok, 0 otherwise) over all finished
-trials. The model is additive over the parameters' groups (the values of a categorical one;
-quantile bins of a numeric one, 2 to 5 with the number of trials), a ridge least-squares fit
-with each group's effect shrunk as by one pseudo-trial. A parameter's share is the residual sum of squares the
-model saves with it (at twice the resolution, so an effect confined to a few values is seen)
-over the model without it, less what its extra group means would save by chance, over the total;
-its *spread* is the same as a standard deviation, relative to the mean objective (absolute for
-feasibility). Given the others, because the sampler concentrates every parameter near the best
-trials: alone, a parameter with no effect goes with the objective as much as the ones that have
-one (``alone`` in the JSON shows it). The interval is a bootstrap over trials (``RESAMPLES``
-resamples: the median and the 5-95 % range).
+Verdicts:
 
-"No measurable effect": matched comparisons
---------------------------------------------
-
-The shares cannot rule an effect out. TPE moves every parameter toward the best trials
-together, so a parameter that does nothing still lines up with what the additive model of the
-others misses (their interactions, the shape within a bin): given the others, a flag read by no
-code kept a share of 1-4 % and a spread whose high end stayed above 2 % after 200 trials, and a
-looser threshold on the same numbers made false claims (``NCCL_MAX_NCHANNELS`` moving the
-throughput 12 %). So the claim rests on evidence that the drift does not fake: **pairs of trials
-alike in every other parameter** (the same value of each categorical one, numeric ones within
-``MATCH_WIDTH`` of each other in the study's distribution of that parameter) that differ in this
-one. Within a pair only this parameter (and the small differences left in the others) changed,
-so the difference of their results is its effect plus the measurement noise, whatever the other
-parameters do and however the sampler moved them; the sampler's own jitter of each parameter
-around the good trials is what supplies such pairs.
-
-The pairs' differences are fitted by least squares as ``f(v_a) - f(v_b)`` plus a linear term in
-each numeric parameter's remaining difference; ``f`` is one value per level of a categorical
-parameter, piecewise linear over ``NO_EFFECT_KNOTS`` knots across the distinct values of a
-numeric one (so an effect confined to a few values is not averaged away in a bin). The effect's
-*spread* is the standard deviation of ``f`` between a trial's value and the other values
-compared, bias-corrected for the noise of the fit (the trace of its covariance), and its high end
-is the 95th percentile over ``NO_EFFECT_RESAMPLES`` bootstrap resamples of the trials. The claim
-holds between the values the pairs compared (``matched.over`` in the JSON), not beyond: only the
-values that pairs link, directly or through others, to the most trials count. A value tried only
-in trials that match no other, or only each other (a few early trials with
-``max_running_requests`` below the load's concurrency, alike among themselves and far from
-every later trial), says nothing about a change from it to the rest; nor does a value that
-fewer than ``NO_EFFECT_MIN_ROWS`` of the pairs' trials hold (at a numeric parameter's ends: within
-its end knot's reach), which the bootstrap loses in many resamples. The fit must tell each value's
-effect from the other parameters' remaining differences: where it cannot (a singular fit: the
-pairs that compare two values also move another parameter by the same step), in the whole sample
-or in a resample, that resample's spread is unknown, not 0, and counts above any known one (a
-singular fit's noise correction once made 0 of an 11 % effect, a false claim). Where no pairs exist (a
-random search over many categorical parameters, the first trials of any study) the verdict stays
-"uncertain": the price of not trusting a model of the others.
-
-Also measured and not kept (on the studies of bench/explain_truth.py, against the simulator's
-model): a regression of every close pair's squared difference on each parameter's distance (a
-variogram: it gave ``NCCL_BUFFSIZE``, which does nothing there, 6-12 %); nearest neighbours in
-all the other parameters with their differences fitted additively instead of matched (fewer
-claims for the flag that does nothing, 2-3 of 36 against 8); coarse bins of a numeric parameter
-(an effect inside a bin is invisible: false claims for ``max_running_requests``); piecewise-linear
-adjustments of the others' differences (no more claims, ten times the run time). And on the
-``seed`` studies' ``num_continuous_decode_steps`` (10 per scenario at 100 trials, 4 at 200): the
-largest deviation of any value from the mean, or the range between values, instead of the spread
-(their 95th percentiles at 100 trials 4.5-12 % and 7.6-17 %, against the spread's 2.6-6.4 %: a
-maximum over eight values takes the noise of the worst); a covariance robust to pairs that share
-a trial (dyadic sandwich) for the noise correction (high ends 0.1-0.5 points lower, no claim
-more); ``MATCH_WIDTH`` 0.1 or 0.3 (6 and 5 claims of 12 at 200 trials, 6 at 0.2). A value's
-effect rests on the ten or so trials that hold it, each with 2 % noise, so at 100 trials the
-spread's high end sits near 3 %: the claim waits for more trials.
-
-Verdicts
---------
-
-- ``not enough trials (N, need M)`` below ``MIN_TRIALS`` trials of the target; for feasibility
-  also ``not enough failures (N, need M)`` (or ``not enough feasible trials``) below
-  ``MIN_OUTCOMES`` of the rarer outcome: one failure in twenty gives every parameter a share of
-  that trial's noise, which no interval makes a finding;
-- ``effect`` when the share's low end is at least ``EFFECT_SHARE``, and so is the low end of
-  its share alone (a parameter that only seems to matter given the others may be the sampler's
-  doing; one that matters but hides behind another stays ``uncertain``);
-- ``no measurable effect`` only with evidence: at least ``NO_EFFECT_MIN_TRIALS`` trials,
-  ``NO_EFFECT_MIN_PAIRS`` matched pairs, every level (knot) of the parameter compared and all of
-  them linked by pairs, and the matched spread's high end below ``NO_EFFECT_SPREAD`` (2 % of
-  the mean objective, about the run-to-run noise of a measurement; 0.05 for feasibility), and so
-  is the fit's *resolution* (the spread its own noise would show were there no effect, the
-  median over the resamples: an imprecise fit's noise correction takes its spread to 0, which
-  is no evidence);
+- ``not enough trials (N, need M)`` below ``MIN_TRIALS``; for feasibility also ``not enough
+  failures`` (or ``feasible trials``) below ``MIN_OUTCOMES`` of the rarer outcome;
+- ``effect``: the share's low end, given the others and alone, at least ``EFFECT_SHARE``;
+- ``no measurable effect``: at least ``NO_EFFECT_MIN_TRIALS`` trials and ``NO_EFFECT_MIN_PAIRS``
+  matched pairs linking every value compared, the matched spread's high end and the fit's
+  resolution below ``NO_EFFECT_SPREAD`` of the mean objective (``NO_EFFECT_SPREAD_FEASIBILITY``);
+  the claim holds between the values compared (``matched.over``), not beyond;
 - ``uncertain`` otherwise: the data cannot tell.
 
-Why not fANOVA: Optuna's needs scikit-learn (not a dependency) and a forest per bootstrap
-resample, and its importances are normalised to sum to 1, so a parameter with no effect still
-gets a share of the noise (Optuna's default evaluator, PED-ANOVA, gave
-``num_continuous_decode_steps`` 0.24 on the demo, where it has no effect). The additive model is
-cheap enough to bootstrap, reads as "accounts for this much of the variation", and with its bias
-correction sits near 0 for a parameter with no effect. Its limit: an interaction is split
-between its parameters (the crash rules cover the interactions that crash), and a parameter that
-always moved with another during the search cannot be told apart from it -- the interval stays
-wide, there are no matched pairs, and the verdict is "uncertain".
+An interaction is split between its parameters, and a parameter that always moved with another
+cannot be told apart from it (no matched pairs: ``uncertain``).
 """
 
 from __future__ import annotations
@@ -110,7 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from autotune.analysis.crash_rules import MEASURED, MIN_SUPPORT, finished, is_number
+from autotune.analysis.conditions import is_number
+from autotune.analysis.failure_stages import MEASURED, finished
+from autotune.analysis.rule_cover import MIN_SUPPORT
 from autotune.store.record import TrialRecord
 
 MIN_TRIALS = 20
@@ -232,8 +159,8 @@ def _partial(y: np.ndarray, groups: list[np.ndarray], fine: list[np.ndarray]) ->
 
 # -- matched comparisons ---------------------------------------------------------------------------
 class _Matching:
-    """Which pairs of rows are alike in each parameter (the module docstring): categorical values
-    equal, numeric ones within ``MATCH_WIDTH`` of each other in the rows' distribution."""
+    """Which pairs of rows are alike in each parameter: categorical values equal, numeric ones
+    within ``MATCH_WIDTH`` of each other in the rows' distribution."""
 
     def __init__(self, rows: list[dict[str, Any]], names: list[str]) -> None:
         self.names = names
@@ -370,8 +297,19 @@ def _linked(delta: np.ndarray) -> bool:
 
 def matched_effect(matching: _Matching, values: list[Any], y: np.ndarray, name: str, *,
                    seed: int = 0) -> dict[str, Any] | None:
-    """The matched comparison of ``name`` (the module docstring): ``{"pairs", "spread",
-    "spread_high", "over"}`` in ``y``'s units, or None when no pairs link its values."""
+    """The matched comparison of ``name``: ``{"pairs", "over", "spread", "spread_high",
+    "resolution"}`` in ``y``'s units (spreads None where not estimable), or None when no pairs
+    link its values.
+
+    The pairs (:meth:`_Matching.pairs`) are kept among the values linked to the most trials
+    (:func:`_linked_values`) and held by enough of them (:func:`_supported`). Their differences
+    are fitted by least squares as ``f(v_a) - f(v_b)`` plus a linear term in each other numeric
+    parameter's remaining difference; ``f`` is one value per level of a categorical, piecewise
+    linear over ``NO_EFFECT_KNOTS`` knots of a number (:func:`_basis`). ``spread``: the standard
+    deviation of ``f`` between a trial's value and the other values compared, less the fit's own
+    noise; ``spread_high``: its ``INTERVAL[1]`` percentile over ``NO_EFFECT_RESAMPLES`` bootstrap
+    resamples, where a resample with a singular fit counts as unknown, above any known spread
+    (:func:`spread_bound`); ``resolution``: the spread the fit's noise alone would show."""
     a, b = matching.pairs(name)
     if not len(a):
         return None
@@ -434,9 +372,8 @@ def matched_effect(matching: _Matching, values: list[Any], y: np.ndarray, name: 
 
 def spread_bound(spread: np.ndarray) -> float | None:
     """The ``INTERVAL[1]`` percentile of the resamples' spreads, or None when it rests on a
-    resample that could not estimate it (``UNKNOWABLE``). The percentile interpolates between
-    two resamples: with 5 of 100 unknown it lay 5 % of the way from the largest known spread to
-    1e300, and ``study explain`` printed ``spread <= 4999...8.0 %``."""
+    resample that could not estimate it (``UNKNOWABLE``: the percentile would interpolate
+    towards it)."""
     high = float(np.percentile(spread, INTERVAL[1]))
     known = spread[spread < UNKNOWABLE / 2]
     return high if len(known) and high <= float(known.max()) else None
@@ -468,10 +405,10 @@ def _marginal(y: np.ndarray, groups: list[np.ndarray]) -> tuple[np.ndarray, np.n
 
 def importance_of(rows: list[dict[str, Any]], y: Sequence[float], *, relative: bool, min_trials: int = MIN_TRIALS,
                   min_outcomes: int = 0, resamples: int = RESAMPLES, seed: int = 0) -> dict[str, Any]:
-    """Each parameter's share of ``y``'s variance and spread, given the others and alone (see the
-    module docstring); spreads relative to ``y``'s mean when ``relative``, else in ``y``'s units
-    (the document says which, ``relative``, and the bound "no measurable effect" needs,
-    ``no_effect_spread``). ``min_outcomes``: for a 0/1 ``y`` (feasibility), the fewest trials of
+    """Each parameter's share of ``y``'s variance and spread, given the others and alone, and its
+    verdict (the module docstring); spreads relative to ``y``'s mean when ``relative``, else in
+    ``y``'s units (the document says which, ``relative``, and the bound "no measurable effect"
+    needs, ``no_effect_spread``). ``min_outcomes``: for a 0/1 ``y`` (feasibility), the fewest trials of
     each value; below it, or ``min_trials`` trials, the verdict says so and no parameter is
     rated."""
     n = len(rows)

@@ -126,7 +126,7 @@ def _q(stat: dict[str, Any], fmt: str = "{:.2f}", pct: bool = False) -> str:
 def print_report(doc: dict[str, Any], out: Console) -> None:
     """Two tables per scenario (each strategy's median [quartiles] over its runs): how good the
     best found is, and what reaching a share of the optimum costs; then the goals."""
-    from autotune.bench.tuner import AFTER, CHECKPOINTS, TARGETS
+    from autotune.bench.scores import AFTER, CHECKPOINTS, TARGETS
 
     o = doc["options"]
     out.print(f"{o['seeds']} seeds x {o['trials']} trials, space {o['space']}, objective {o['objective']}; "

@@ -2,7 +2,7 @@
 
 An :class:`~autotune.execution.executors.Executor` beside ``SerialExecutor``: the driver submits a trial as
 it would to a real host, and :meth:`ModelExecutor.wait` answers it at once with the
-:class:`~autotune.execution.runner.TrialResult` the real runner would return for the outcome that
+:class:`~autotune.execution.trial.TrialResult` the real runner would return for the outcome that
 :func:`autotune.sim.model.predict` predicts for that launch (the target's command plus the trial's
 flags, parsed by the simulated server's own argparse; the target's env plus the trial's). A study
 of hundreds of trials then costs the driver's own time only (`autotune bench tuner`).
@@ -20,7 +20,7 @@ the executor also adds up (:attr:`ModelExecutor.spent_s`):
 - stopped early (a spec with ``beat_value``, an objective that allows it): ``startup_s`` + the
   load until the :class:`~autotune.execution.early_stop.StopRule` stopped it. The rule is the runner's, fed
   the model's own timeline after every forward (:data:`autotune.sim.model.ProgressHook`) as a
-  :class:`~autotune.execution.loadgen.LoadProgress`; what the whole load would have cost is kept too
+  :class:`~autotune.execution.workload.LoadProgress`; what the whole load would have cost is kept too
   (``TrialCost.full_seconds``), for the GPU-hours early stopping saved.
 
 Warm-up requests and teardown are not counted. Measured numbers carry the run-to-run noise of
@@ -45,9 +45,9 @@ from autotune.engines import get_preset
 from autotune.errors import UsageError
 from autotune.execution.executors import Finished, PhaseCallback, runner_fields
 from autotune.outcome.failures import Failure, Phase
-from autotune.execution.loadgen import LoadProgress
+from autotune.execution.workload import LoadProgress
 from autotune.config.objective import Objective
-from autotune.execution.runner import TrialResult, TrialSpec
+from autotune.execution.trial import TrialResult, TrialSpec
 from autotune.sim.args import ServerArgs, parse_server_args
 from autotune.sim.engine import configure, startup_seconds
 from autotune.sim.model import Prediction, ProgressHook, Workload, predict

@@ -35,10 +35,10 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.study.driver import SamplerFactory
+from autotune.search.factory import SamplerFactory
 from autotune.search.samplers import tpe_sampler
 from autotune.errors import UsageError
-from autotune.store.record import Outcome, outcome_of
+from autotune.store.record import Outcome, outcome_of, trials_without
 from autotune.config.space import ParamValue, SearchSpace
 
 STRATEGIES = ("autotune", "tpe", "random", "grid", "tpe-naive")
@@ -143,27 +143,6 @@ def _crashed(t: FrozenTrial) -> bool:
     return outcome_of(t) in (Outcome.INFEASIBLE, Outcome.SKIPPED)
 
 
-class _WithoutPruned:
-    """A read view of a study whose trial lists leave out the infeasible (everything else is the study's own)."""
-
-    def __init__(self, study: optuna.Study) -> None:
-        self._study = study
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._study, name)
-
-    def _get_trials(self, deepcopy: bool = True, states: Any = None, use_cache: bool = False) -> list[FrozenTrial]:
-        trials = self._study._get_trials(deepcopy=deepcopy, states=states, use_cache=use_cache)
-        return [t for t in trials if not _crashed(t)]
-
-    def get_trials(self, deepcopy: bool = True, states: Any = None) -> list[FrozenTrial]:
-        return [t for t in self._study.get_trials(deepcopy=deepcopy, states=states) if not _crashed(t)]
-
-    @property
-    def trials(self) -> list[FrozenTrial]:
-        return self.get_trials()
-
-
 class CrashBlindTPESampler(optuna.samplers.BaseSampler):
     """Optuna's TPE with its defaults (``TPESampler(seed=seed)``, what Ray Tune's ``OptunaSearch``
     makes when given no sampler) as if infeasible trials were told FAIL: it samples from a view
@@ -174,15 +153,15 @@ class CrashBlindTPESampler(optuna.samplers.BaseSampler):
         self._tpe = optuna.samplers.TPESampler(seed=seed)
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
-        return self._tpe.infer_relative_search_space(_WithoutPruned(study), trial)  # type: ignore[arg-type]
+        return self._tpe.infer_relative_search_space(trials_without(study, _crashed), trial)  # type: ignore[arg-type]
 
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
-        return self._tpe.sample_relative(_WithoutPruned(study), trial, search_space)  # type: ignore[arg-type]
+        return self._tpe.sample_relative(trials_without(study, _crashed), trial, search_space)  # type: ignore[arg-type]
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
-        return self._tpe.sample_independent(_WithoutPruned(study), trial, param_name,  # type: ignore[arg-type]
+        return self._tpe.sample_independent(trials_without(study, _crashed), trial, param_name,  # type: ignore[arg-type]
                                              param_distribution)
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:

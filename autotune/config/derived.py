@@ -10,7 +10,7 @@ others, each too few for a rule. Over the product it is one threshold:
 
 :func:`derived_values` adds such quantities to a trial's applied parameters
 (:mod:`autotune.analysis.crash_rules` reads them as parameters of their own); :meth:`Condition.holds
-<autotune.analysis.crash_rules.Condition.holds>` computes one the parameters lack, so the default sampler
+<autotune.analysis.conditions.Condition.holds>` computes one the parameters lack, so the default sampler
 avoids a region stated over it. A quantity is computed only when the parameters say enough: the
 buffers need ``NCCL_MIN_NCHANNELS`` or ``NCCL_MIN_CTAS`` (the channel count is otherwise the
 topology's choice, unknown here), the other variables take NCCL's defaults when unset. Parameters are read by

@@ -16,31 +16,10 @@ or, instead of the built-in load generator, an external benchmark whose output i
 
 The objective can be the whole workload rather than one measurement:
 
-- ``weighted``: metrics defined as weighted sums of measured ones, each usable as ``metric``, in
-  an ``objectives`` entry or in a constraint::
-
-      weighted:
-        allreduce_us_per_step:     # the time a forward pass spends in all-reduce
-          - {metric: latency_us@all_reduce@43008, weight: 109.8}
-          - {metric: latency_us@all_reduce@33554432, weight: 3.66}
-
-- ``loads``: several loads run one after another on the same server in one trial, each with a
-  weight. Each load's metrics are recorded as ``LOAD/METRIC`` (``chat/p99_ttft_ms``), and each
-  metric of the load generator under its own name is the weighted mean over the loads
-  (``output_throughput`` = sum(weight x LOAD/output_throughput) / sum(weight))::
-
-      loads:
-        - {name: chat, weight: 3, concurrency: 32, input_len: 256, output_len: 256}
-        - {name: batch, weight: 1, concurrency: 256, input_len: 1024, output_len: 64}
-
-- ``objectives`` (instead of ``metric``/``direction``): two or more, each a metric and a
-  direction, for a multi-objective study; ``choose`` states the rule that picks the exported
-  trial from the Pareto front (:mod:`autotune.config.pareto`)::
-
-      objectives:
-        - {metric: output_throughput, direction: maximize}
-        - {metric: p99_ttft_ms, direction: minimize}
-      choose: {rule: bound, tolerance: 0.1}     # or {rule: bound, bounds: {p99_ttft_ms: 500}}, knee, first
+- ``weighted``: metrics defined as weighted sums of measured ones (:class:`WeightedMetric`);
+- ``loads``: several loads run one after another on the same server (:class:`NamedLoad`);
+- ``objectives`` (instead of ``metric``/``direction``): a multi-objective study, with ``choose``
+  the rule that picks its exported trial from the Pareto front (:class:`Objective`).
 
 A metric named anywhere must be one the trial measures (the load generator's, per load, the
 collectives benchmark's ops and sizes, or a weighted one): a typo is a :class:`ConfigError` at
@@ -81,7 +60,7 @@ LOADGEN_METRICS = frozenset(
 
 
 class LoadSpec(BaseModel):
-    """The built-in load generator's workload (see :class:`autotune.execution.loadgen.Workload`)."""
+    """The built-in load generator's workload (see :class:`autotune.execution.workload.Workload`)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -252,7 +231,18 @@ def _finite(text: str) -> float | None:
 
 @dataclass(frozen=True)
 class WeightedMetric:
-    """A metric defined as ``sum(weight x metric)`` over measured metrics (its ``terms``)."""
+    """A metric defined as ``sum(weight x metric)`` over measured metrics (its ``terms``).
+
+    The objective file's entry:
+
+    ``weighted``: metrics defined as weighted sums of measured ones, each usable as ``metric``, in
+      an ``objectives`` entry or in a constraint::
+
+          weighted:
+            allreduce_us_per_step:     # the time a forward pass spends in all-reduce
+              - {metric: latency_us@all_reduce@43008, weight: 109.8}
+              - {metric: latency_us@all_reduce@33554432, weight: 3.66}
+    """
 
     name: str
     terms: tuple[tuple[str, float], ...]
@@ -269,7 +259,19 @@ class WeightedMetric:
 
 @dataclass(frozen=True)
 class NamedLoad:
-    """One load of several: its metrics are recorded as ``{name}/{metric}``."""
+    """One load of several: its metrics are recorded as ``{name}/{metric}``.
+
+    The objective file's entry:
+
+    ``loads``: several loads run one after another on the same server in one trial, each with a
+      weight. Each load's metrics are recorded as ``LOAD/METRIC`` (``chat/p99_ttft_ms``), and each
+      metric of the load generator under its own name is the weighted mean over the loads
+      (``output_throughput`` = sum(weight x LOAD/output_throughput) / sum(weight))::
+
+          loads:
+            - {name: chat, weight: 3, concurrency: 32, input_len: 256, output_len: 256}
+            - {name: batch, weight: 1, concurrency: 256, input_len: 1024, output_len: 64}
+    """
 
     name: str
     weight: float
@@ -287,6 +289,17 @@ class Objective:
     ``metric`` and ``direction`` are the first (for a single-objective study the only) of
     ``goals``; ``load`` is the first of ``loads`` when there are several. ``choice`` is the rule
     that picks a multi-objective study's exported trial from its Pareto front.
+
+    The objective file's entry for several goals:
+
+    ``objectives`` (instead of ``metric``/``direction``): two or more, each a metric and a
+      direction, for a multi-objective study; ``choose`` states the rule that picks the exported
+      trial from the Pareto front (:mod:`autotune.config.pareto`)::
+
+          objectives:
+            - {metric: output_throughput, direction: maximize}
+            - {metric: p99_ttft_ms, direction: minimize}
+          choose: {rule: bound, tolerance: 0.1}     # or {rule: bound, bounds: {p99_ttft_ms: 500}}, knee, first
     """
 
     name: str

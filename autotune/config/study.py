@@ -35,6 +35,7 @@ from typing import Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from autotune.config.ssh_url import parse_ssh_url
 from autotune.util.template import TARGET_FIELDS, template_fields
 from autotune.util.yaml_files import load_yaml_mapping, one_line
 from autotune.errors import ConfigError
@@ -183,8 +184,6 @@ class TargetConfig(BaseModel):
                 continue
             if not h.startswith("ssh://"):
                 raise ValueError(f"host '{h}': expected 'local' or ssh://[user@]host[:port]")
-            from autotune.execution.sshhost import parse_ssh_url
-
             parse_ssh_url(h)
         return hosts
 

@@ -25,10 +25,8 @@ build seen running on this machine kind) and seen running it (docs/engines.md):
 - Under load, a dead engine core logs ``EngineCore encountered a fatal error.`` (its root cause,
   e.g. a CUDA OOM, in the traceback), the API server ``AsyncLLM output_handler failed.`` and
   ``EngineDeadError``; a dead worker ``Worker proc ... died unexpectedly``.
-- The engine logs its scheduler's state (``Running: N reqs, Waiting: M reqs``) every
-  ``VLLM_LOG_STATS_INTERVAL`` seconds, 10 by default: a trial whose load lasts 20 s shows it
-  twice, or not at all while the load ramps. The preset sets 1 (a target's ``env`` overrides it),
-  so the sampler sees a full ``--max-num-seqs`` (:mod:`autotune.outcome.load_signals`).
+- The scheduler's state (``Running: N reqs, Waiting: M reqs``) is logged every
+  ``VLLM_LOG_STATS_INTERVAL`` s (10 by default); the preset sets 1 (see its ``env``).
 """
 
 from __future__ import annotations
@@ -69,5 +67,8 @@ VLLM = EnginePreset(
     info_paths=("/version", "/metrics"),
     ready_probe=False,  # /health answers only once the engine core is up (see above)
     patterns=server_patterns(_FIRST, _LAST),
+    # Every 10 s by default, a trial whose load lasts 20 s would show the scheduler's state twice,
+    # or not at all while the load ramps; every second, the sampler sees a full --max-num-seqs
+    # (autotune.outcome.load_signals). A target's ``env`` overrides it.
     env={"VLLM_LOG_STATS_INTERVAL": "1"},
 )

@@ -4,78 +4,20 @@ A trial's benchmark load costs GPU time after the start-up; a configuration that
 worse than the best trials so far need not finish its load to show it. The runner (a real load,
 :mod:`autotune.execution.loadgen`) and the model executor (the simulator's timeline,
 :mod:`autotune.bench.model_executor`) feed the same :class:`StopRule` with the load's progress
-(:class:`~autotune.execution.loadgen.LoadProgress`) and the value to beat (the driver's choice, in the
-trial's spec: :func:`value_to_beat`), and stop the load when it says so; the trial is then
+(:class:`~autotune.execution.workload.LoadProgress`) and the value to beat (the driver's choice, in
+the trial's spec: :func:`value_to_beat`), and stop the load when it says so; the trial is then
 recorded as ``stopped``: measured, not infeasible, never the best.
 
-Which metrics
--------------
-
-Only throughputs, :data:`BOUNDED_METRICS`, maximised: the metric is the work ``W`` of the whole
-load (output tokens; input and output tokens; requests) over its duration ``D``, and ``W`` is
-known before the load ends (every request asks for exactly ``output_len`` tokens), so a bound on
-``D`` is a bound on the value. Not bounded, and never stopped:
-
-- latencies (TTFT, TPOT, ITL, end-to-end; means and percentiles): they are statistics over the
-  requests, and the requests done first are not a sample of them -- the first wave queues behind
-  every prefill at once, the last drains at a small batch, a percentile is decided by the tail
-  that comes last. The one valid bound (a request in flight has waited at least its age so far)
-  is too weak to stop anything before the load is nearly over;
-- a metric of an external benchmark command (it reports nothing until it ends), and any
-  minimised metric;
-- an objective with ``early_stop: false``.
-
-The rule
---------
-
-With ``t`` the time since the measured run began and ``w`` the work delivered so far (requests
-in flight included, token by token):
-
-- *hard bound*: ``D >= t``, so the value is at most ``W / t``: a trial that has already run longer
-  than a whole load at the value to beat cannot beat it, whatever it does next;
-- *extrapolated bound*: the rest of the load, ``W - w``, runs at most at ``(1 + MARGIN)`` times
-  the *peak* rate seen so far (the fastest the trial delivered any :data:`PEAK_SPAN` of the
-  work), so ``D >= t + (W - w) / ((1 + MARGIN) * peak)``. The peak, not the mean, is the rate of
-  the rest: a prefill phase (no output tokens yet), the first wave of a closed loop and a slow
-  warm-up only lower the mean, and they cannot lower the peak. Later on a real server the rate
-  does not rise much above its peak (a closed loop's last wave drains slower, not faster), and
-  ``MARGIN`` covers the run-to-run noise (about 2%) many times over.
-
-The trial stops when the bound is below the value to beat less :data:`NOISE` (a contender within
-the noise of it is measured to the end), and only with evidence that the server serves: at least
-:data:`EVIDENCE_SHARE` of the work delivered for the hard bound, and :data:`MIN_SHARE` for the
-extrapolated one (before that the rate is not yet representative); and not after
-:data:`LAST_SHARE` of it, when the rest saves little and the value is worth more measured. With
-these shares, a trial that would have beaten the value is never stopped unless the rest of its
-load would run more than ``MARGIN`` faster than anything it had shown.
-
-The value to beat
------------------
-
-Not the best so far: :func:`value_to_beat` is the value a trial must beat to be, at any point
-of the study, one of the *good* trials of Optuna's TPE -- the ``k``-th best measured value, ``k``
-TPE's good share of the study's whole budget (:data:`GOOD_SHARE` of its trials, at most
-:data:`GOOD_MAX`: Optuna's ``default_gamma`` at the last trial, the largest it gets; 6 for 60
-trials). TPE splits the finished trials into good and poor by rank and models each group from
-its members' parameters alone, and it ranks a PRUNED trial below *every* complete one, whatever
-its intermediate values. A trial stopped below that value would have been one of the poor
-trials measured to its end too, then and at every later trial (the ``k``-th best only rises):
-TPE proposes exactly what it would have without early stopping (given the same measurements),
-and the study is the same search, cheaper. Against the best itself, the trials between the best
-and the ``k``-th best would be stopped too, and TPE's good group filled with the study's poorer
-measured trials instead: tried first, in one 60-trial study of `autotune bench tuner` (the
-``quick`` objective, seed 3) only 6 trials were measured to their end, all six then TPE's "good"
-ones, and over 30 seeds the median run needed 40 trials to 98% of the optimum instead of 30.
-With fewer measured trials than ``k`` nothing is stopped. (Other samplers: the random and grid
-samplers ignore values; GP is told a stopped trial COMPLETE at its projected value.)
-
-Intermediate values
--------------------
-
-At each tenth of the work (:data:`STEPS`), the rule records the *projected* value -- the final
-value if the rest ran at the peak rate, without margin -- keyed by the percent done; the driver
-reports them to Optuna (``trial.report``), whose TPE ranks a PRUNED trial with no constraint
-violated below every complete trial, by its last step and then its last intermediate value.
+- Which objectives (:func:`applies`): one load of the built-in generator, a throughput of
+  :data:`BOUNDED_METRICS`, maximised; latencies, external benchmarks and minimised metrics are
+  never stopped.
+- The rule (:class:`StopRule`): stop when an optimistic bound on the final value
+  (:func:`optimistic_bound`: the hard bound ``W / t``, or the rest of the work at ``1 + MARGIN``
+  times the peak rate seen) is below the value to beat less :data:`NOISE`, with evidence that the
+  server serves (:data:`EVIDENCE_SHARE`, :data:`MIN_SHARE`) and not after :data:`LAST_SHARE`.
+- The value to beat (:func:`value_to_beat`): the ``k``-th best measured value, ``k`` the size of
+  TPE's good group, so that TPE proposes what it would have without early stopping.
+- Intermediate values: the projected value at each tenth of the work, for ``trial.report``.
 """
 
 from __future__ import annotations
@@ -85,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.execution.loadgen import LoadProgress
+from autotune.execution.workload import LoadProgress
 from autotune.config.objective import Objective
 
 __all__ = ["BOUNDED_METRICS", "EVIDENCE_SHARE", "EarlyStop", "GOOD_MAX", "GOOD_SHARE", "LAST_SHARE", "MARGIN",
@@ -120,9 +62,23 @@ GOOD_MAX = 25
 
 def applies(objective: Objective) -> bool:
     """Whether trials of ``objective`` may stop early: ``early_stop`` on, the built-in load
-    generator with one load, one objective, a metric of :data:`BOUNDED_METRICS`, maximised
-    (module docstring). A multi-objective study has no single value to beat, and several loads
-    no single bound."""
+    generator with one load, one objective, a metric of :data:`BOUNDED_METRICS`, maximised.
+    A multi-objective study has no single value to beat, and several loads no single bound.
+
+    Only throughputs, :data:`BOUNDED_METRICS`, maximised: the metric is the work ``W`` of the whole
+    load (output tokens; input and output tokens; requests) over its duration ``D``, and ``W`` is
+    known before the load ends (every request asks for exactly ``output_len`` tokens), so a bound on
+    ``D`` is a bound on the value. Not bounded, and never stopped:
+
+    - latencies (TTFT, TPOT, ITL, end-to-end; means and percentiles): they are statistics over the
+      requests, and the requests done first are not a sample of them -- the first wave queues behind
+      every prefill at once, the last drains at a small batch, a percentile is decided by the tail
+      that comes last. The one valid bound (a request in flight has waited at least its age so far)
+      is too weak to stop anything before the load is nearly over;
+    - a metric of an external benchmark command (it reports nothing until it ends), and any
+      minimised metric;
+    - an objective with ``early_stop: false``.
+    """
     return (objective.early_stop and objective.benchmark is None and objective.metric in BOUNDED_METRICS
             and objective.direction == "maximize" and not objective.multi and not objective.loads)
 
@@ -144,10 +100,26 @@ def work(metric: str, p: LoadProgress) -> tuple[float, float]:
 
 
 def value_to_beat(measured: Sequence[float], budget: int | None, *, maximize: bool = True) -> tuple[float | None, str]:
-    """The value the next trial must be able to beat to go on (module docstring), and why: from
+    """The value the next trial must be able to beat to go on, and why: from
     the values of the trials measured so far and the study's budget in trials (None: a budget in
     hours, :data:`GOOD_MAX` good trials). None: nothing is stopped (fewer measured trials than
-    TPE's good ones)."""
+    TPE's good ones).
+
+    Not the best so far: :func:`value_to_beat` is the value a trial must beat to be, at any point
+    of the study, one of the *good* trials of Optuna's TPE -- the ``k``-th best measured value, ``k``
+    TPE's good share of the study's whole budget (:data:`GOOD_SHARE` of its trials, at most
+    :data:`GOOD_MAX`: Optuna's ``default_gamma`` at the last trial, the largest it gets; 6 for 60
+    trials). TPE splits the finished trials into good and poor by rank and models each group from
+    its members' parameters alone, and it ranks a PRUNED trial below *every* complete one, whatever
+    its intermediate values. A trial stopped below that value would have been one of the poor
+    trials measured to its end too, then and at every later trial (the ``k``-th best only rises):
+    TPE proposes exactly what it would have without early stopping (given the same measurements),
+    and the study is the same search, cheaper. Against the best itself, the trials between the best
+    and the ``k``-th best would be stopped too, and TPE's good group filled with the study's poorer
+    measured trials instead (measured: docs/BENCHMARKS.md, early stopping).
+    With fewer measured trials than ``k`` nothing is stopped. (Other samplers: the random and grid
+    samplers ignore values; GP is told a stopped trial COMPLETE at its projected value.)
+    """
     k = GOOD_MAX if budget is None else max(1, min(math.ceil(GOOD_SHARE * budget), GOOD_MAX))
     ranked = sorted(measured, reverse=maximize)
     if len(ranked) < k:
@@ -163,8 +135,8 @@ def _ordinal(n: int) -> str:
 
 def optimistic_bound(elapsed_s: float, done: float, total: float, peak_rate: float | None) -> float:
     """The most the metric can end at: ``total / elapsed_s`` (the hard bound) before
-    :data:`MIN_SHARE` of the work or without a peak rate, else the extrapolated bound (module
-    docstring). ``elapsed_s`` > 0."""
+    :data:`MIN_SHARE` of the work or without a peak rate, else the extrapolated bound
+    (:class:`StopRule`). ``elapsed_s`` > 0."""
     if peak_rate is None or peak_rate <= 0 or done < MIN_SHARE * total:
         return total / elapsed_s
     return total / (elapsed_s + max(0.0, total - done) / ((1.0 + MARGIN) * peak_rate))
@@ -200,8 +172,35 @@ class EarlyStop:
 
 @dataclass
 class StopRule:
-    """The rule of the module docstring for one load: feed it the progress as it comes
+    """The early-stopping rule for one load: feed it the progress as it comes
     (:meth:`observe`, elapsed times increasing); it says when to stop.
+
+    With ``t`` the time since the measured run began and ``w`` the work delivered so far (requests
+    in flight included, token by token):
+
+    - *hard bound*: ``D >= t``, so the value is at most ``W / t``: a trial that has already run longer
+      than a whole load at the value to beat cannot beat it, whatever it does next;
+    - *extrapolated bound*: the rest of the load, ``W - w``, runs at most at ``(1 + MARGIN)`` times
+      the *peak* rate seen so far (the fastest the trial delivered any :data:`PEAK_SPAN` of the
+      work), so ``D >= t + (W - w) / ((1 + MARGIN) * peak)``. The peak, not the mean, is the rate of
+      the rest: a prefill phase (no output tokens yet), the first wave of a closed loop and a slow
+      warm-up only lower the mean, and they cannot lower the peak. Later on a real server the rate
+      does not rise much above its peak (a closed loop's last wave drains slower, not faster), and
+      ``MARGIN`` covers the run-to-run noise (about 2%) many times over.
+
+    The trial stops when the bound is below the value to beat less :data:`NOISE` (a contender within
+    the noise of it is measured to the end), and only with evidence that the server serves: at least
+    :data:`EVIDENCE_SHARE` of the work delivered for the hard bound, and :data:`MIN_SHARE` for the
+    extrapolated one (before that the rate is not yet representative); and not after
+    :data:`LAST_SHARE` of it, when the rest saves little and the value is worth more measured. With
+    these shares, a trial that would have beaten the value is never stopped unless the rest of its
+    load would run more than ``MARGIN`` faster than anything it had shown.
+
+    Intermediate values:
+    At each tenth of the work (:data:`STEPS`), the rule records the *projected* value -- the final
+    value if the rest ran at the peak rate, without margin -- keyed by the percent done; the driver
+    reports them to Optuna (``trial.report``), whose TPE ranks a PRUNED trial with no constraint
+    violated below every complete trial, by its last step and then its last intermediate value.
 
     ``beat`` is the value of ``metric`` to beat (None: nothing to beat, never stops); ``why``
     says which it is.

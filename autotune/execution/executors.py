@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import Callable, Mapping, Protocol
 
 from autotune.config.study import StudyConfig, TargetConfig
 from autotune.engines import get_preset
-from autotune.execution.hosts import Host, LocalHost, make_host
+from autotune.execution.hosts import Host, LocalHost
 from autotune.config.objective import Objective
-from autotune.execution.runner import TrialResult, TrialRunner, TrialSpec
+from autotune.execution.runner import TrialRunner
+from autotune.execution.trial import TrialResult, TrialSpec
 from autotune.execution.slots import Slot
 from autotune.execution.stopping import StopRequest
 
@@ -103,30 +104,6 @@ def make_runner(cfg: StudyConfig, objective: Objective, host: Host, slot: Slot, 
         public=public,
         bench_host=LocalHost(child_umask=child_umask) if host.remote else None,
     )
-
-
-def host_for(target: TargetConfig, spec: str, *, child_umask: int | None = None) -> Host:
-    """A new host object for ``spec`` (a ``target.hosts`` entry), SSH hosts with ``target.ssh``.
-
-    Raises:
-        ValueError: an unsupported spelling (see :func:`autotune.execution.hosts.make_host`).
-    """
-    return make_host(spec, child_umask=child_umask, ssh=ssh_options(target) if spec.startswith("ssh://") else None)
-
-
-def make_hosts(target: TargetConfig, *, child_umask: int | None = None) -> dict[str, Host]:
-    """One host object per distinct entry of ``target.hosts``, by name, in order.
-
-    ``child_umask``: the umask of servers launched locally (None: ours).
-    """
-    return {spec: host_for(target, spec, child_umask=child_umask) for spec in target.hosts}
-
-
-def ssh_options(target: TargetConfig) -> Any:
-    """``target.ssh`` as the :class:`~autotune.execution.sshhost.SSHOptions` an SSH host takes."""
-    from autotune.execution.sshhost import SSHOptions
-
-    return SSHOptions(**target.ssh.model_dump()) if target.ssh is not None else SSHOptions()
 
 
 class SerialExecutor:

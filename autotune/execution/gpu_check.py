@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from autotune.execution.provenance import Runner
+from autotune.util.polling import wait_until
 
 FOREIGN_MIB = 1024
 """A process (or unlisted memory) holding more than this many MiB of a GPU before our launch is
@@ -191,13 +192,9 @@ def wait_until_free(run: Runner, gpus: Sequence[GpuId] | None, *, wait_s: float 
     deadline = time.monotonic() + wait_s
     while True:
         holders = foreign_holders(run, gpus)
-        if not holders or time.monotonic() >= deadline:
+        left = deadline - time.monotonic()
+        if not holders or left <= 0 or wait_until(stopped, min(poll_s, left), step_s):
             return holders
-        next_poll = min(deadline, time.monotonic() + poll_s)
-        while time.monotonic() < next_poll:
-            if stopped():
-                return holders
-            time.sleep(step_s)
 
 
 def describe(holders: Sequence[Holder]) -> str:

@@ -8,8 +8,9 @@ grace period, then SIGKILL, and checks that the port is free again before the ne
 start. The tag is recorded with the trial, so a driver that died is cleaned up after by the next
 one (:meth:`Host.kill_tagged`), even when ``/proc/PID/cmdline`` was rewritten by a script.
 
-``SSHHost`` (:mod:`autotune.execution.sshhost`) does the same on another machine over SSH; :func:`make_host`
-turns a config spelling (``local``, ``ssh://user@host:port``) into one host object per host.
+``SSHHost`` (:mod:`autotune.execution.sshhost`) does the same on another machine over SSH;
+:func:`~autotune.execution.host_factory.make_host` turns a config spelling (``local``,
+``ssh://user@host:port``) into one host object per host.
 """
 
 from __future__ import annotations
@@ -22,15 +23,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from autotune.util.net import free_port
-
-if TYPE_CHECKING:
-    from autotune.execution.sshhost import SSHOptions
+from autotune.util.polling import polling, wait_until
+from autotune.util.folders import ensure_writable
 
 TAG_ENV = "AUTOTUNE_TRIAL_TAG"
 """The environment variable that marks every process of one launch (inherited by children)."""
@@ -147,11 +146,8 @@ class Host(abc.ABC):
 
     def wait_port_free(self, port: int, timeout_s: float = 15.0) -> None:
         """Return once ``port`` is free; raise HostFault(port-busy) after ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        while not self.port_free(port):
-            if time.monotonic() > deadline:
-                raise HostFault("port-busy", f"port {port} on {self.name} still in use {timeout_s:.0f}s after teardown")
-            time.sleep(0.1)
+        if not wait_until(lambda: self.port_free(port), timeout_s, 0.1):
+            raise HostFault("port-busy", f"port {port} on {self.name} still in use {timeout_s:.0f}s after teardown")
 
 
 class _LocalProcess(ServerProcess):
@@ -181,13 +177,11 @@ class _LocalProcess(ServerProcess):
 
     def stop(self, grace_s: float = 10.0, hurry: Callable[[], bool] | None = None) -> None:
         self._signal_all(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while self._alive() and time.monotonic() < deadline and not (hurry is not None and hurry()):
-            time.sleep(0.05)
-        kill_deadline = time.monotonic() + 10
-        while self._alive() and time.monotonic() < kill_deadline:
+        wait_until(lambda: not self._alive() or (hurry is not None and hurry()), grace_s, 0.05)
+        for _ in polling(10, 0.05):
+            if not self._alive():
+                break
             self._signal_all(signal.SIGKILL)
-            time.sleep(0.05)
         try:
             self._popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -253,10 +247,7 @@ def check_log_folder(log_path: Path) -> None:
     (``log-unwritable``) and has :data:`MIN_FREE_BYTES` free (``disk-full``)."""
     folder = log_path.parent
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".write-probe-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        ensure_writable(folder)
     except OSError as exc:
         kind = "disk-full" if exc.errno == errno.ENOSPC else "log-unwritable"
         raise HostFault(kind, f"cannot write the trial log in {folder}: {exc.strerror}") from None
@@ -348,19 +339,3 @@ def kill_stale_local_server(pgid: int | None, argv: Sequence[str], tag: str | No
         return False
     return True
 
-
-def make_host(spec: str, *, child_umask: int | None = None, ssh: SSHOptions | None = None) -> Host:
-    """A new host object from its config spelling: ``local``, or ``ssh://[user@]host[:port]``
-    (an :class:`~autotune.execution.sshhost.SSHHost` with ``ssh``'s options; defaults if None).
-    ``child_umask``: the umask of servers launched locally (None: ours).
-
-    Raises:
-        ValueError: any other spelling (the config validation rejects them before a study starts).
-    """
-    if spec == "local":
-        return LocalHost(child_umask=child_umask)
-    if spec.startswith("ssh://"):
-        from autotune.execution.sshhost import SSHHost
-
-        return SSHHost(spec, ssh)
-    raise ValueError(f"unsupported host '{spec}' (expected 'local' or ssh://[user@]host[:port])")

@@ -10,7 +10,7 @@ Only the driver talks to the Optuna storage. A task sends its phases (``launched
 server's tag, ``measuring`` ...) through a small actor on the driver's node, the
 :class:`TrialChannel`; :meth:`RayExecutor.wait` relays them to the driver's callbacks in the
 driver's thread. The same actor carries a stop request to the tasks. A task returns its
-:class:`~autotune.execution.runner.TrialResult` and its log files, which the executor writes under the
+:class:`~autotune.execution.trial.TrialResult` and its log files, which the executor writes under the
 driver's log folder, so the logs end up with the study whichever node ran the trial.
 
 The driver keeps its own timeouts: a trial that no node has started after
@@ -47,11 +47,12 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from autotune.config.study import StudyConfig
 from autotune.errors import UsageError
-from autotune.execution.executors import Finished, PhaseCallback, host_for, make_runner
+from autotune.execution.executors import Finished, PhaseCallback, make_runner
+from autotune.execution.host_factory import host_for
 from autotune.outcome.failures import Failure
 from autotune.execution.hosts import LocalHost
 from autotune.config.objective import Objective
-from autotune.execution.runner import TrialResult, TrialSpec
+from autotune.execution.trial import TrialResult, TrialSpec
 from autotune.execution.slots import SLOT_RESOURCE_PREFIX, Slot, host_slots, ray_slots
 from autotune.execution.stopping import StopRequest
 

@@ -1,7 +1,8 @@
 """One trial on one host: launch, wait until ready (or failed), measure, tear down.
 
-The runner knows nothing of Optuna or the storage: it takes a :class:`TrialSpec` and returns a
-plain :class:`TrialResult`. Readiness and failure are watched together: the health endpoint is
+The runner knows nothing of Optuna or the storage: it takes a
+:class:`~autotune.execution.trial.TrialSpec` and returns a plain
+:class:`~autotune.execution.trial.TrialResult`. Readiness and failure are watched together: the health endpoint is
 polled while the log is tailed, so a crash is seen within a poll interval, not at the timeout,
 and the log excerpt is read before the process is killed.
 
@@ -18,35 +19,27 @@ import json
 import os
 import shlex
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any
 
 import requests
 
-from autotune.util.net import http_ok
-from autotune.execution.early_stop import EarlyStop, StopRule, applies
+from autotune.config.objective import NamedLoad, Objective
+from autotune.config.secrets import Redactor
 from autotune.engines import EnginePreset
-from autotune.outcome.failures import FAULT_KINDS, SERVER_PATTERNS, Failure, Pattern, Phase, classify, excerpt, find_error
+from autotune.execution.early_stop import StopRule, applies
 from autotune.execution.gpu_check import GPU_BUSY_WAIT_S, Holder, describe, foreign_holders, visible_gpus, wait_until_free
 from autotune.execution.hosts import Host, HostFault, LocalHost, ServerLeftRunning, ServerProcess
-from autotune.outcome.load_signals import LoadSignals
-from autotune.execution.loadgen import LoadProgress, Workload, run_load_sync
-from autotune.config.objective import NamedLoad, Objective
+from autotune.execution.loadgen import run_load_sync
+from autotune.execution.log_watcher import LogWatcher
 from autotune.execution.provenance import runner_for
-from autotune.outcome.results import ResultParseError, parse_result
-from autotune.config.secrets import Redactor
 from autotune.execution.stopping import StopRequest
-
-Outcome = Literal["ok", "stopped", "infeasible", "fault"]
-"""ok: measured; stopped: measured until it could not beat the best trials so far (early stopping);
-infeasible: the configuration failed; fault: the infrastructure failed."""
-PhaseCallback = Callable[[str, str], None]
-"""Called as ``on_phase(phase, detail)`` with phase waiting-for-gpus | launching | launched | warming |
-measuring | teardown (waiting-for-gpus: processes autotune did not start hold the trial's GPUs; the
-detail names them); for ``launched`` the detail is JSON ``{"pgid", "tag", "argv", "port", "host", "niceness"}`` so the
-driver can record the server before anything else happens (and kill it on resume if the driver
-died); ``niceness`` is the server's CPU niceness where the host can tell, else null."""
+from autotune.execution.trial import PhaseCallback, TrialResult, TrialSpec
+from autotune.execution.workload import LoadProgress, Workload
+from autotune.outcome.failures import FAULT_KINDS, Failure, Phase, classify, excerpt, find_error
+from autotune.outcome.results import ResultParseError, parse_result
+from autotune.util.net import http_ok
+from autotune.util.polling import polling, wait_until
 
 DISK_FULL_TEXT = "No space left on device"
 OOM_KINDS = frozenset({"oom", "not-enough-memory"})
@@ -55,130 +48,6 @@ OOM_KINDS = frozenset({"oom", "not-enough-memory"})
 
 POLL_S = 0.1
 TAIL_AFTER_ERROR_S = 1.0
-
-
-@dataclass(frozen=True)
-class TrialSpec:
-    """What to launch for one trial: the flags and env of the search space on top of the target.
-
-    ``ready_timeout_s``, when set, replaces the runner's ready timeout for this trial (the driver
-    shortens it from the start-ups it has seen); ``ready_timeout_reason`` says how it was chosen.
-    ``beat_value``: the value of the objective's metric the trial must be able to beat, else its
-    load is stopped early (the driver's :func:`~autotune.execution.early_stop.value_to_beat`; None: never
-    stopped); ``beat_reason`` says which value it is.
-    """
-
-    number: int
-    env: dict[str, str]
-    args: list[str]
-    ready_timeout_s: float | None = None
-    ready_timeout_reason: str = ""
-    beat_value: float | None = None
-    beat_reason: str = ""
-
-
-@dataclass
-class TrialResult:
-    """Everything a trial produced, as plain data (no Optuna objects)."""
-
-    number: int
-    outcome: Outcome
-    metrics: dict[str, float] = field(default_factory=dict)
-    failure: Failure | None = None
-    argv: list[str] = field(default_factory=list)
-    argv_template: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    host: str = "local"
-    port: int = 0
-    log_path: str = ""
-    startup_s: float | None = None
-    duration_s: float = 0.0
-    server_info: dict[str, Any] | None = None
-    violations: dict[str, float] = field(default_factory=dict)
-    secret_env: list[str] = field(default_factory=list)
-    secret_args: dict[int, str] = field(default_factory=dict)
-    """Which env keys and argv positions hold a ``${NAME}`` reference instead of a secret value
-    (a result never carries a secret: see :mod:`autotune.config.secrets`)."""
-    server_tag: str = ""
-    left_running: bool = False
-    """Teardown could not reach the host: the server tagged ``server_tag`` may still run there."""
-    early_stop: EarlyStop | None = None
-    """Why the load stopped early (``outcome="stopped"``)."""
-    intermediate: dict[int, float] = field(default_factory=dict)
-    """Projected values of the objective's metric by percent of the load done
-    (:class:`~autotune.execution.early_stop.StopRule`), for ``trial.report``."""
-    signals: LoadSignals | None = None
-    """What the engine's scheduler log showed of the load (:mod:`autotune.outcome.load_signals`); None
-    where it logged no scheduler line."""
-
-
-class LogWatcher:
-    """Reads a growing log file incrementally: each :meth:`read` costs only what was appended.
-
-    It keeps the last ``limit`` bytes of text (:attr:`text`, joined only when asked for) and,
-    as lines arrive, the highest-priority failure pattern seen so far (:attr:`error`) and the
-    scheduler's busiest moments (:attr:`signals`), so a server that writes megabytes of log costs
-    the poll loop nothing more than reading them.
-    """
-
-    def __init__(self, path: Path, patterns: Sequence[Pattern] = SERVER_PATTERNS, limit: int = 8 * 1024 * 1024) -> None:
-        self.path = path
-        self.patterns = tuple(patterns)
-        self._offset = 0
-        self._limit = limit
-        self._chunks: list[str] = []
-        self._size = 0
-        self._joined: str | None = ""
-        self._pending = ""  # the last line, not yet ended by a newline
-        self._best: tuple[int, str, str] | None = None  # (priority, kind, line)
-        self.signals = LoadSignals()
-        """The scheduler's lines read so far (:mod:`autotune.outcome.load_signals`)."""
-
-    def read(self) -> str:
-        """Read what was appended since the last call; returns the new text."""
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:
-            return ""
-        if not data:
-            return ""
-        self._offset += len(data)
-        new = data.decode("utf-8", errors="replace")
-        self._chunks.append(new)
-        self._size += len(new)
-        self._joined = None
-        if self._size > 2 * self._limit:
-            self._chunks = [self.text]
-            self._size = len(self._chunks[0])
-        lines = (self._pending + new).split("\n")
-        self._pending = lines.pop()
-        for line in lines:
-            self._best = self._better(line, self._best)
-            self.signals.observe(line)
-        return new
-
-    def _better(self, line: str, best: tuple[int, str, str] | None) -> tuple[int, str, str] | None:
-        """``best``, or ``line``'s match if a pattern of higher priority (a lower index) matches it."""
-        for prio in range(best[0] if best is not None else len(self.patterns)):
-            if self.patterns[prio].regex.search(line):
-                return prio, self.patterns[prio].kind, line.strip()
-        return best
-
-    @property
-    def text(self) -> str:
-        """The log read so far (its last ``limit`` characters)."""
-        if self._joined is None:
-            self._joined = "".join(self._chunks)[-self._limit :]
-        return self._joined
-
-    @property
-    def error(self) -> tuple[str, str] | None:
-        """``(kind, line)`` of the highest-priority failure pattern in the log so far, or None
-        (the same choice as :func:`~autotune.outcome.failures.find_error` over the whole text)."""
-        best = self._better(self._pending, self._best) if self._pending else self._best
-        return None if best is None else (best[1], best[2])
 
 
 class TrialRunner:
@@ -457,9 +326,7 @@ class TrialRunner:
 
     def _failure_while_alive(self, proc: ServerProcess, watcher: LogWatcher, phase: str) -> Failure:
         """An error line appeared: give the process a moment to print the rest, then classify."""
-        end = time.monotonic() + TAIL_AFTER_ERROR_S
-        while time.monotonic() < end and proc.poll() is None:
-            time.sleep(POLL_S)
+        wait_until(lambda: proc.poll() is not None, TAIL_AFTER_ERROR_S, POLL_S)
         watcher.read()
         return classify(watcher.text, phase=phase, exit_code=proc.poll(), patterns=self.preset.patterns)
 
@@ -595,9 +462,10 @@ class TrialRunner:
         phase_cb("measuring", f"benchmark {Path(argv[0]).name}")
         proc = self.bench_host.launch(argv, env, bench_log)
         watcher = LogWatcher(bench_log, self.preset.patterns)
-        deadline = time.monotonic() + bench.timeout_s
         try:
-            while proc.poll() is None:
+            for _ in polling(bench.timeout_s, POLL_S):
+                if proc.poll() is not None:
+                    break
                 watcher.read()
                 if self.stop.requested:
                     self._interrupted(result, watcher)
@@ -608,12 +476,11 @@ class TrialRunner:
                         result.outcome = "infeasible"
                         result.failure = self._failure_while_alive(server, server_log, "measuring")
                         return
-                if time.monotonic() > deadline:
-                    result.outcome = "infeasible" if server is None else "fault"
-                    result.failure = Failure("timeout" if server is None else "benchmark-timeout",
-                                             f"benchmark still running after {bench.timeout_s:g}s", excerpt(watcher.text))
-                    return
-                time.sleep(POLL_S)
+            else:
+                result.outcome = "infeasible" if server is None else "fault"
+                result.failure = Failure("timeout" if server is None else "benchmark-timeout",
+                                         f"benchmark still running after {bench.timeout_s:g}s", excerpt(watcher.text))
+                return
         finally:
             proc.stop(5.0, hurry=lambda: self.stop.hurry)
         watcher.read()

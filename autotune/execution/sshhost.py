@@ -1,48 +1,30 @@
 """SSH hosts: servers launched on another machine over SSH (Fabric), with LocalHost's contract.
 
-An :class:`SSHHost` holds one Fabric connection to its host, opened on first use and opened
-again when it dropped (between trials that is invisible; during a trial it is a fault):
+An :class:`SSHHost` (one per ``ssh://[user@]host[:port]``, with :class:`~autotune.execution.ssh_options.SSHOptions`)
+holds one Fabric connection, opened on first use and again when it dropped (between trials that is
+invisible; during a trial it is a fault). Host keys must be known (:mod:`autotune.execution.ssh_host_keys`);
+keys for authentication: ``key_filename``, else the agent and ``~/.ssh/id_*``; ``~/.ssh/config`` applies.
 
-- **Host keys.** The host's key must be in ``known_hosts`` (the configured file, else
-  ``~/.ssh/known_hosts``); an unknown key is refused (``host-key-unknown``), a changed one always
-  (``host-key-mismatch``). With ``accept_unknown_host_key`` an unknown key is accepted and
-  appended to that file (trust on first use, as ``ssh -o StrictHostKeyChecking=accept-new``).
-  Keys for authentication: ``key_filename``, else the agent and ``~/.ssh/id_*``; ``~/.ssh/config``
-  applies as for ``ssh``.
-- **Remote commands.** Every command runs as ``timeout -k 5 N sh -c 'SCRIPT'`` (Fabric's own
-  timeout does not end a remote command), with ``N`` = ``command_timeout_s``. Every word that
-  comes from a trial (argv, env values, paths) is quoted with :func:`shlex.quote`: no trial value
-  is ever read by a shell. Only the configured ``setup`` line is shell text, on purpose.
-- **Launch.** In ``workdir``, after ``setup`` (run by the user's login shell, so that e.g.
-  ``source /opt/venv/bin/activate`` changes the server's environment), the server starts as
-  ``setsid nohup env K=V ... AUTOTUNE_TRIAL_TAG=TAG sh -c '"$@"; echo $? > EXIT' ... > LOG 2>&1
-  < /dev/null &``: its own session and process group (the printed PID is the group id), the tag
-  in its environment and its children's, its log in ``WORKDIR/.autotune/TAG.log``, its exit
-  status in ``TAG.exit``. The shell's niceness then (``nice``), which the server inherits, is
-  :meth:`ServerProcess.niceness`.
-- **Log.** A thread runs ``tail -c +1 --pid=PGID -F LOG`` over a channel of the same connection
-  and appends what arrives to the local ``log_path`` that the runner tails; the tail ends with the
-  server, then prints the exit status on its stderr. That status is trusted only when the tail
-  ended with it; where it ended without one, or the connection dropped, the host is asked again
-  (a new connection) whether the server still runs and what ``TAG.exit`` holds: a status there
-  is the exit; a server still running, or a host that does not answer, is ``connection-lost``
-  (the environment's fault, never the configuration's). After a dropped connection the rest of
-  the log is fetched at teardown when the host answers again.
-- **Ports.** The server binds 127.0.0.1 on its host; :meth:`SSHHost.endpoint` is the local end of
-  an SSH tunnel (a listening socket on 127.0.0.1, each connection a ``direct-tcpip`` channel).
-- **Teardown.** SIGTERM to the group and to every process whose environment carries the tag
-  (found in ``/proc/*/environ``), SIGKILL after the grace period, until none is left (zombies
-  do not count); then the tunnel is closed, the remote log files removed, and where ``nvidia-smi``
-  exists, the GPUs' used memory must be back to what it was before the launch (within
-  :data:`GPU_SLACK_MIB`, waited for up to :data:`GPU_RELEASE_S`), else ``gpu-busy``.
-- **Faults.** Cannot connect: ``host-unreachable``; connection dropped: ``connection-lost``; a
-  command past its timeout: ``remote-timeout``; refused key or login: ``host-key-unknown``,
+- **Commands** run as ``timeout -k 5 N sh -c 'SCRIPT'`` (``N`` = ``command_timeout_s``); every word
+  from a trial (argv, env values, paths) is quoted: only the configured ``setup`` line is shell text.
+- **Launch**: in ``workdir``, after ``setup`` (in the user's login shell, so that it can change the
+  server's environment), ``setsid nohup env K=V ... AUTOTUNE_TRIAL_TAG=TAG sh -c ...``: its own
+  session and group, the tag in its environment, its log and exit status in ``WORKDIR/.autotune/``
+  (:mod:`autotune.execution.ssh_scripts`). Its niceness is the shell's after ``setup``.
+- **Log and ports** (:mod:`autotune.execution.ssh_channels`): the log streams into the local
+  ``log_path``; an exit status is trusted only from the stream's normal end, else the host is asked
+  again; a server still running, or a host that does not answer, is ``connection-lost``.
+  :meth:`SSHHost.endpoint` is the local end of a tunnel to the server's 127.0.0.1 port.
+- **Teardown**: SIGTERM to the group and every tagged process, SIGKILL after the grace period, until
+  none is left; then the tunnel closes, the remote files go, and the GPUs' used memory (where
+  ``nvidia-smi`` exists) must be back within :data:`GPU_SLACK_MIB` in :data:`GPU_RELEASE_S`, else ``gpu-busy``.
+- **Faults**: ``host-unreachable``, ``connection-lost``, ``remote-timeout``, ``host-key-unknown``,
   ``host-key-mismatch``, ``auth-failed``. A teardown that cannot reach the host raises
-  :class:`~autotune.execution.hosts.ServerLeftRunning`; the host kills that server before its next launch
-  (in :meth:`SSHHost.check_launch`) or whenever :meth:`SSHHost.kill_tagged` reaches it.
+  :class:`~autotune.execution.hosts.ServerLeftRunning`; that server is killed before the next launch
+  (:meth:`SSHHost.check_launch`) or whenever :meth:`SSHHost.kill_tagged` reaches the host.
 
-The remote host needs a POSIX login shell, GNU coreutils (``timeout``, ``tail --pid``,
-``nohup``), util-linux ``setsid``, ``grep -z`` and ``/proc``: any common Linux distribution.
+The remote host needs a POSIX login shell, GNU coreutils (``timeout``, ``tail --pid``, ``nohup``),
+util-linux ``setsid``, ``grep -z`` and ``/proc``: any common Linux distribution.
 """
 
 from __future__ import annotations
@@ -50,13 +32,10 @@ from __future__ import annotations
 import logging
 import random
 import re
-import select
 import shlex
-import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -64,17 +43,22 @@ import invoke
 import paramiko
 from fabric import Connection
 
+from autotune.config.ssh_url import parse_ssh_url
 from autotune.execution.hosts import MIN_FREE_BYTES, TAG_ENV, Host, HostFault, ServerLeftRunning, ServerProcess, check_log_folder
+from autotune.execution.ssh_channels import Forward, LogStream, reason
+from autotune.execution.ssh_host_keys import AcceptNewKey, RefuseUnknownKey, UnknownHostKey
+from autotune.execution.ssh_options import SSHOptions
+from autotune.execution.ssh_scripts import (GPU_QUERY, LOG_DIR, exit_code, gpu_memory, shell_path, signal_script,
+                                            stream_command)
+from autotune.util.polling import polling
 
-__all__ = ["SSHAddress", "SSHHost", "SSHOptions", "parse_ssh_url"]
+__all__ = ["SSHHost"]
 
 GPU_SLACK_MIB = 512
 """GPU memory (MiB per GPU) above the pre-launch level that still counts as released."""
 GPU_RELEASE_S = 30.0
 """How long teardown waits for the GPUs' memory to come back before a ``gpu-busy`` fault."""
 KEEPALIVE_S = 15
-LOG_DIR = ".autotune"
-"""The folder, under the remote working directory, of the servers' logs and exit-status files."""
 REMOTE_PORTS = (20000, 32767)
 """Where :meth:`SSHHost.free_port` picks ports: below Linux's default ephemeral range."""
 
@@ -84,112 +68,6 @@ REMOTE_PORTS = (20000, 32767)
 logging.getLogger("paramiko.transport").addHandler(logging.NullHandler())
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_SSH_URL = re.compile(
-    r"ssh://(?:(?P<user>[A-Za-z0-9_][A-Za-z0-9_.-]*)@)?"
-    r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)"
-    r"(?::(?P<port>[0-9]{1,5}))?/?"
-)
-
-
-@dataclass(frozen=True)
-class SSHAddress:
-    """A parsed ``ssh://[user@]host[:port]``; None: from ``~/.ssh/config`` or the defaults."""
-
-    host: str
-    user: str | None = None
-    port: int | None = None
-
-
-def parse_ssh_url(spec: str) -> SSHAddress:
-    """Parse ``ssh://[user@]host[:port]`` (an IPv6 address in brackets).
-
-    Raises:
-        ValueError: a one-line reason naming the spec.
-    """
-    m = _SSH_URL.fullmatch(spec)
-    if m is None:
-        raise ValueError(f"host '{spec}' is not ssh://[user@]host[:port] (e.g. ssh://root@gpu1:22)")
-    port = int(m["port"]) if m["port"] else None
-    if port is not None and not 1 <= port <= 65535:
-        raise ValueError(f"host '{spec}': port {port} is not between 1 and 65535")
-    return SSHAddress(m["host"].strip("[]"), m["user"], port)
-
-
-@dataclass(frozen=True)
-class SSHOptions:
-    """How to reach and use SSH hosts (the config's ``target.ssh``, as plain values).
-
-    ``key_filename``/``known_hosts``: None for the usual places (agent, ``~/.ssh``).
-    ``workdir``: the remote folder servers start in (``~`` and ``~/...`` are the remote home).
-    ``setup``: a shell line run before each server in the same shell (e.g. activating a venv).
-    ``python``: the remote interpreter that fills ``{python}``.
-    """
-
-    key_filename: str | None = None
-    known_hosts: str | None = None
-    accept_unknown_host_key: bool = False
-    workdir: str = "~"
-    setup: str = ""
-    python: str = "python3"
-    connect_timeout_s: float = 10.0
-    command_timeout_s: float = 60.0
-
-
-class _UnknownHostKey(paramiko.SSHException):
-    pass
-
-
-class _RefuseUnknownKey(paramiko.MissingHostKeyPolicy):
-    def __init__(self, known_hosts: str) -> None:
-        self.known_hosts = known_hosts
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        raise _UnknownHostKey(
-            f"host key of {hostname} ({key.get_name()} {key.fingerprint}) is not in {self.known_hosts}: refused "
-            f"(add it, e.g. with ssh-keyscan, or accept unknown host keys in the config)")
-
-
-class _AcceptNewKey(paramiko.MissingHostKeyPolicy):
-    """Accept an unknown key and append it to ``known_hosts`` (later connections check it)."""
-
-    def __init__(self, known_hosts: str) -> None:
-        self.known_hosts = known_hosts
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        path = Path(self.known_hosts).expanduser()
-        line = paramiko.hostkeys.HostKeyEntry([hostname], key).to_line()
-        try:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            with open(path, "a") as f:
-                f.write(line)
-        except OSError:
-            pass  # accepted for this connection; the next one accepts it again
-
-
-_GPU_QUERY = ("command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits "
-              "2>/dev/null | sed 's/^/gpu-mib /'")
-"""Prints ``gpu-mib N`` for each GPU (used MiB), nothing where there is no ``nvidia-smi``."""
-
-
-def _gpu_memory(stdout: str) -> list[int] | None:
-    """The GPUs' used MiB from :data:`_GPU_QUERY`'s output; None where there was none."""
-    found = [int(float(v)) for v in re.findall(r"^gpu-mib ([0-9.]+)\s*$", stdout, re.M)]
-    return found or None
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return " ".join(text.split())
-
-
-def _shell_path(path: str) -> str:
-    """``path`` as one shell word; a leading ``~`` is the remote user's home."""
-    if path == "~":
-        return '"$HOME"'
-    if path.startswith("~/"):
-        return '"$HOME"/' + shlex.quote(path[2:])
-    return shlex.quote(path)
 
 
 class SSHHost(Host):
@@ -211,7 +89,7 @@ class SSHHost(Host):
         self.python = self.options.python
         self._lock = threading.RLock()
         self._conn: Connection | None = None
-        self._forwards: dict[int, _Forward] = {}
+        self._forwards: dict[int, Forward] = {}
         self._left: dict[str, int | None] = {}  # tag -> pgid of servers a teardown could not reach
         self._rng = random.Random()
 
@@ -251,10 +129,10 @@ class SSHHost(Host):
             else:
                 client.load_system_host_keys()
             client.set_missing_host_key_policy(
-                _AcceptNewKey(known) if self.options.accept_unknown_host_key else _RefuseUnknownKey(known))
+                AcceptNewKey(known) if self.options.accept_unknown_host_key else RefuseUnknownKey(known))
             try:
                 conn.open()
-            except _UnknownHostKey as exc:
+            except UnknownHostKey as exc:
                 conn.close()
                 raise HostFault("host-key-unknown", f"{self.name}: {exc}") from None
             except paramiko.BadHostKeyException as exc:
@@ -263,13 +141,13 @@ class SSHHost(Host):
                                                      f"({exc.key.get_name()} {exc.key.fingerprint}): refused") from None
             except paramiko.AuthenticationException as exc:
                 conn.close()
-                raise HostFault("auth-failed", f"{self.name} refused the login of user {conn.user}: {_reason(exc)}") from None
+                raise HostFault("auth-failed", f"{self.name} refused the login of user {conn.user}: {reason(exc)}") from None
             except (OSError, EOFError, paramiko.SSHException, ValueError) as exc:
                 conn.close()
                 if dropped:
                     raise HostFault("connection-lost", f"lost the connection to {self.name} and cannot connect "
-                                                       f"again: {_reason(exc)}") from None
-                raise HostFault("host-unreachable", f"cannot connect to {self.name}: {_reason(exc)}") from None
+                                                       f"again: {reason(exc)}") from None
+                raise HostFault("host-unreachable", f"cannot connect to {self.name}: {reason(exc)}") from None
             assert conn.transport is not None
             conn.transport.set_keepalive(KEEPALIVE_S)
             self._conn = conn
@@ -313,7 +191,7 @@ class SSHHost(Host):
             raise HostFault("remote-timeout", f"a command on {self.name} did not answer within {limit + 15:g}s") from None
         except (OSError, EOFError, paramiko.SSHException, invoke.exceptions.ThreadException) as exc:
             self._drop()
-            raise HostFault("connection-lost", f"lost the connection to {self.name}: {_reason(exc)}") from None
+            raise HostFault("connection-lost", f"lost the connection to {self.name}: {reason(exc)}") from None
         if not conn.is_connected:  # the channel closed with the connection: no exit status
             self._drop()
             raise HostFault("connection-lost", f"lost the connection to {self.name}")
@@ -331,7 +209,7 @@ class SSHHost(Host):
                 if fwd is not None:
                     fwd.close()
                 assert conn.transport is not None
-                fwd = self._forwards[port] = _Forward(conn.transport, port)
+                fwd = self._forwards[port] = Forward(conn.transport, port)
             return "127.0.0.1", fwd.port
 
     def _close_forward(self, port: int | None) -> None:
@@ -369,7 +247,7 @@ class SSHHost(Host):
         check_log_folder(log_path)
         self._kill_left()
         workdir = self.options.workdir
-        script = (f"cd {_shell_path(workdir)} 2>/dev/null || exit 90\n"
+        script = (f"cd {shell_path(workdir)} 2>/dev/null || exit 90\n"
                   f"mkdir -p {LOG_DIR} 2>/dev/null\n"
                   "df -Pk . | awk 'NR==2 {print \"free \" $4}'\n"
                   f"probe={LOG_DIR}/.write-probe-$$\n"
@@ -406,12 +284,12 @@ class SSHHost(Host):
         assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in
                                {**env, "PYTHONUNBUFFERED": "1", TAG_ENV: tag}.items())
         words = " ".join(shlex.quote(a) for a in argv)
-        folder = shlex.quote(str(cwd)) if cwd is not None else _shell_path(self.options.workdir)
+        folder = shlex.quote(str(cwd)) if cwd is not None else shell_path(self.options.workdir)
         lines = [f"cd {folder} || exit 90"]
         if self.options.setup.strip():
             lines.append(f"{{ {self.options.setup}\n}} >&2 || exit 91")
         lines += [
-            _GPU_QUERY,
+            GPU_QUERY,
             f"mkdir -p {LOG_DIR} || exit 92",
             f"command -v {shlex.quote(argv[0])} >/dev/null 2>&1 || exit 93",
             # One background job, alone on its line: `cd X && setsid ... &` would keep the channel.
@@ -437,20 +315,13 @@ class SSHHost(Host):
                                              f"{' '.join(result.stderr.split())[-300:]}")
         pgid = int(m.group(1))
         nice = re.search(r"^autotune-nice (-?\d+)$", result.stdout, re.M)
-        gpu_before = _gpu_memory(result.stdout)
+        gpu_before = gpu_memory(result.stdout)
         conn = self.connection()
         assert conn.transport is not None
-        stream = _LogStream(conn.transport, self._stream_command(tag, pgid, folder), log_path)
+        stream = LogStream(conn.transport, stream_command(tag, pgid, folder), log_path)
         stream.start()
         return _SSHProcess(self, conn.transport, stream, log_path, tag, pgid, folder, port, gpu_before,
                            int(nice.group(1)) if nice else None)
-
-    def _stream_command(self, tag: str, pgid: int, folder: str) -> str:
-        log, status = f"{LOG_DIR}/{tag}.log", f"{LOG_DIR}/{tag}.exit"
-        # Bounded by the server's life (--pid), not by a timeout: it ends at teardown.
-        script = (f"cd {folder} || exit 90; tail -c +1 -s 0.2 --pid={pgid} -F {log} 2>/dev/null; "
-                  f"if [ -f {status} ]; then cat {status} 1>&2; fi; exit 0")
-        return f"sh -c {shlex.quote(script)}"
 
     def kill_tagged(self, tag: str) -> bool:
         """SIGKILL every process on the host carrying ``tag``; True if there was one."""
@@ -473,29 +344,7 @@ class SSHHost(Host):
                        then: str = "") -> tuple[int, str]:
         """:meth:`_signal`'s count, and the stdout of its command with ``then`` (shell text) run
         after it."""
-        assert sig in ("TERM", "KILL", "0") and re.fullmatch(r"[0-9a-f]+", tag)
-        group = str(pgid) if pgid else ""
-        rounds = max(0, int(wait_s / 0.1))
-        script = f"""T={tag}; G={group}
-tagged() {{ grep -l -s -z -x -F "{TAG_ENV}=$T" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 | tr '\n' ' '; }}
-alive() {{
-  t=" $(tagged) "; n=0
-  for d in /proc/[0-9]*; do
-    {{ read -r s < $d/stat; }} 2>/dev/null || continue
-    set -- ${{s##*) }}
-    [ "$1" = Z ] && continue
-    if [ "$3" = "$G" ]; then n=$((n+1)); else case "$t" in *" ${{d#/proc/}} "*) n=$((n+1));; esac; fi
-  done
-  echo $n
-}}
-if [ {sig} != 0 ]; then
-  [ -n "$G" ] && kill -{sig} -$G 2>/dev/null
-  for p in $(tagged); do kill -{sig} $p 2>/dev/null; done
-fi
-i=0; n=$(alive)
-while [ "$n" -gt 0 ] && [ $i -lt {rounds} ]; do sleep 0.1; i=$((i+1)); n=$(alive); done
-echo "alive $n"
-{then}"""
+        script = signal_script(tag, pgid, sig, wait_s, then)
         result = self.run(script)
         m = re.search(r"^alive (\d+)$", result.stdout, re.M)
         if m is None:
@@ -533,20 +382,17 @@ echo "alive $n"
     def _clean_up(self, tag: str, folder: str, gpu_before: list[int] | None) -> None:
         """Remove a stopped server's remote files; where its launch saw the GPUs' memory, wait
         until it is back to that level (``gpu-busy`` after :data:`GPU_RELEASE_S`)."""
-        deadline = time.monotonic() + GPU_RELEASE_S
-        script = f"cd {folder} && rm -f {LOG_DIR}/{tag}.log {LOG_DIR}/{tag}.exit\n{_GPU_QUERY}"
-        while True:
-            now = _gpu_memory(self.run(script).stdout)
+        script = f"cd {folder} && rm -f {LOG_DIR}/{tag}.log {LOG_DIR}/{tag}.exit\n{GPU_QUERY}"
+        held: list[tuple[int, int, int]] = []
+        for _ in polling(GPU_RELEASE_S, 1.0):
+            now = gpu_memory(self.run(script).stdout)
             if gpu_before is None or now is None or len(now) != len(gpu_before):
                 return
             held = [(i, n, b) for i, (n, b) in enumerate(zip(now, gpu_before)) if n > b + GPU_SLACK_MIB]
             if not held:
                 return
-            if time.monotonic() > deadline:
-                shown = ", ".join(f"GPU{i} {n} MiB (was {b} MiB)" for i, n, b in held)
-                raise HostFault("gpu-busy", f"GPU memory on {self.name} not released {GPU_RELEASE_S:g}s after "
-                                            f"teardown: {shown}")
-            time.sleep(1.0)
+        shown = ", ".join(f"GPU{i} {n} MiB (was {b} MiB)" for i, n, b in held)
+        raise HostFault("gpu-busy", f"GPU memory on {self.name} not released {GPU_RELEASE_S:g}s after teardown: {shown}")
 
     def _fetch_log_rest(self, tag: str, folder: str, log_path: Path, limit: int = 8 * 1024 * 1024) -> None:
         """Append to ``log_path`` what the remote log holds beyond it (after a lost stream)."""
@@ -560,13 +406,8 @@ echo "alive $n"
                 f.write(result.stdout.encode("utf-8", errors="replace"))
 
 
-def _exit_code(status: int) -> int:
-    """A server's exit code from its wrapper shell's ``$?`` (a signal's as its negative number)."""
-    return -(status - 128) if 128 < status < 128 + 65 else status  # sh reports a signal as 128+N
-
-
 class _SSHProcess(ServerProcess):
-    def __init__(self, host: SSHHost, transport: paramiko.Transport, stream: _LogStream, log_path: Path, tag: str,
+    def __init__(self, host: SSHHost, transport: paramiko.Transport, stream: LogStream, log_path: Path, tag: str,
                  pgid: int, folder: str, port: int | None, gpu_before: list[int] | None,
                  niceness: int | None = None) -> None:
         self._host = host
@@ -608,7 +449,7 @@ class _SSHProcess(ServerProcess):
             if stream.error and not stream.lost:
                 raise HostFault("log-unwritable", f"cannot write the trial log {self.log_path}: {stream.error}")
             if stream.exit_code is not None and not stream.lost:
-                self._code = _exit_code(stream.exit_code)
+                self._code = exit_code(stream.exit_code)
                 return self._code
         elif self._transport.is_active():
             return None
@@ -634,7 +475,7 @@ class _SSHProcess(ServerProcess):
                     raise HostFault("connection-lost", f"lost the connection to {name} while the server ran, "
                                                        f"and cannot ask it again: {fault}") from None
         if status is not None:
-            return _exit_code(status)
+            return exit_code(status)
         if alive:
             raise HostFault("connection-lost", f"lost the connection to {name} while the server ran "
                                                f"(it still runs there)")
@@ -672,142 +513,3 @@ class _SSHProcess(ServerProcess):
             host._clean_up(self.tag, self._folder, self._gpu_before)
         finally:
             host._close_forward(self._port)
-
-
-class _LogStream(threading.Thread):
-    """Runs ``command`` (a tail of the remote log) on a channel and appends its stdout to
-    ``log_path``; its stderr, at the end, is the server's exit status (``exit_code``; None where
-    it printed none). ``lost``: the connection dropped before the command ended (the channel
-    closed without an exit status of its own)."""
-
-    def __init__(self, transport: paramiko.Transport, command: str, log_path: Path) -> None:
-        super().__init__(name=f"ssh-log-{log_path.name}", daemon=True)
-        self.transport = transport
-        self.command = command
-        self.log_path = log_path
-        self.done = threading.Event()
-        self.lost = False
-        self.error = ""
-        self.exit_code: int | None = None
-        self._chan: paramiko.Channel | None = None
-
-    def run(self) -> None:
-        try:
-            self._run()
-        except (OSError, EOFError, paramiko.SSHException) as exc:
-            if not self.transport.is_active() or not isinstance(exc, OSError):
-                self.lost = True
-            else:
-                self.error = _reason(exc)
-        finally:
-            self.done.set()
-
-    def _recv(self, read: Callable[[int], bytes]) -> bytes | None:
-        """The next bytes (b"" at the end); None when the connection dropped."""
-        while True:
-            try:
-                return read(65536)
-            except socket.timeout:
-                if not self.transport.is_active():
-                    return None
-
-    def _run(self) -> None:
-        chan = self._chan = self.transport.open_session(timeout=15)
-        chan.settimeout(0.5)
-        chan.exec_command(self.command)
-        with open(self.log_path, "ab") as log:
-            while True:
-                data = self._recv(chan.recv)
-                if data is None:
-                    self.lost = True
-                    return
-                if not data:
-                    break
-                log.write(data)
-                log.flush()
-        err = b""
-        while True:
-            part = self._recv(chan.recv_stderr)
-            if part is None:
-                self.lost = True
-                return
-            if not part:
-                break
-            err += part
-        if not chan.status_event.wait(5.0) or chan.exit_status == -1:
-            # No exit status: the channel closed with its connection (paramiko closes the
-            # channels before it marks the transport inactive), not at the command's end.
-            self.lost = True
-            return
-        text = err.decode(errors="replace").strip()
-        if text.lstrip("-").isdigit():
-            self.exit_code = int(text)
-
-    def channel_closed(self) -> bool:
-        """Whether the channel has closed: at the command's end, or with its connection (paramiko
-        closes the channels before it marks the transport inactive)."""
-        return self._chan is not None and self._chan.closed
-
-    def close(self) -> None:
-        if self._chan is not None:
-            self._chan.close()
-
-
-class _Forward:
-    """A local TCP listener on 127.0.0.1 whose connections are tunnelled to 127.0.0.1:``remote_port``
-    on the far side of ``transport`` (one ``direct-tcpip`` channel each)."""
-
-    def __init__(self, transport: paramiko.Transport, remote_port: int) -> None:
-        self.transport = transport
-        self.remote_port = remote_port
-        self.closed = False
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.bind(("127.0.0.1", 0))
-        self._sock.listen(128)
-        self._sock.settimeout(0.2)
-        self.port: int = self._sock.getsockname()[1]
-        threading.Thread(target=self._accept, name=f"ssh-forward-{remote_port}", daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self.closed:
-            try:
-                client, peer = self._sock.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=self._pipe, args=(client, peer), daemon=True).start()
-
-    def _pipe(self, client: socket.socket, peer: tuple[str, int]) -> None:
-        try:
-            chan = self.transport.open_channel("direct-tcpip", ("127.0.0.1", self.remote_port), peer, timeout=10)
-        except (OSError, EOFError, paramiko.SSHException):
-            client.close()  # nothing listens there (yet), or the connection dropped
-            return
-        try:
-            while not self.closed:
-                ready, _, _ = select.select([client, chan], [], [], 0.5)
-                if client in ready:
-                    data = client.recv(65536)
-                    if not data:
-                        break
-                    chan.sendall(data)
-                if chan in ready:
-                    data = chan.recv(65536)
-                    if not data:
-                        break
-                    client.sendall(data)
-                if not self.transport.is_active():
-                    break
-        except (OSError, EOFError, paramiko.SSHException):
-            pass
-        finally:
-            chan.close()
-            client.close()
-
-    def close(self) -> None:
-        self.closed = True
-        try:
-            self._sock.close()
-        except OSError:
-            pass

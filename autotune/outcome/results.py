@@ -18,22 +18,7 @@ benchmark produced it. Kinds:
 ``collectives``
     The JSON document of ``python -m autotune.benchmarks.collectives``.
 
-Metric names:
-
-- serving kinds (both): ``output_throughput``, ``total_throughput``, ``request_throughput`` (tok/s,
-  tok/s, req/s), ``completed``, ``duration_s``, and ``{mean,median,p99}_{ttft,tpot,itl,e2e_latency}_ms``
-  where the benchmark reported them (vLLM's ``e2el`` is renamed ``e2e_latency``; other percentiles
-  and ``std_`` keep the same pattern, e.g. ``p95_itl_ms``). Every other finite top-level number is
-  kept under its own name (``total_input_tokens``, ``failed``, ``accept_length``, ...).
-  ``total_throughput`` is (input + output tokens) / duration when a version does not report it.
-- ``nccl-tests``: per size in bytes, from the out-of-place columns ``time_us@SIZE``,
-  ``algbw_gbps@SIZE``, ``busbw_gbps@SIZE`` and from the in-place ones ``time_us_inplace@SIZE``, ...;
-  ``avg_busbw_gbps`` (nccl-tests' "# Avg bus bandwidth" line) and ``max_busbw_gbps``.
-- ``collectives``: per op and size ``latency_us@OP@BYTES`` (mean), ``latency_us_median@OP@BYTES``,
-  ``latency_us_min@OP@BYTES``, ``latency_us_max@OP@BYTES``, ``algbw_gbps@OP@BYTES``,
-  ``busbw_gbps@OP@BYTES``; ``nccl_mem_mib`` and ``nccl_mem_mib_after_all`` (NCCL runs only),
-  ``world_size``.
-- ``json``: top-level numbers under their keys; the ``json_path`` value under the path's last part.
+Metric names: :func:`parse_result`.
 
 Anything that shows the benchmark did not measure what it should (no result, a failed or
 incomplete run, wrong results reported, zero completed requests) raises :class:`ResultParseError`.
@@ -64,7 +49,24 @@ class ResultParseError(ValueError):
 
 
 def parse_result(kind: ResultKind, text: str, *, json_path: str | None = None) -> dict[str, float]:
-    """Parse a benchmark's output into a flat dict of finite floats (see the module docstring).
+    """Parse a benchmark's output into a flat dict of finite floats (kinds: the module docstring).
+
+    Metric names:
+
+    - serving kinds (both): ``output_throughput``, ``total_throughput``, ``request_throughput`` (tok/s,
+      tok/s, req/s), ``completed``, ``duration_s``, and ``{mean,median,p99}_{ttft,tpot,itl,e2e_latency}_ms``
+      where the benchmark reported them (vLLM's ``e2el`` is renamed ``e2e_latency``; other percentiles
+      and ``std_`` keep the same pattern, e.g. ``p95_itl_ms``). Every other finite top-level number is
+      kept under its own name (``total_input_tokens``, ``failed``, ``accept_length``, ...).
+      ``total_throughput`` is (input + output tokens) / duration when a version does not report it.
+    - ``nccl-tests``: per size in bytes, from the out-of-place columns ``time_us@SIZE``,
+      ``algbw_gbps@SIZE``, ``busbw_gbps@SIZE`` and from the in-place ones ``time_us_inplace@SIZE``, ...;
+      ``avg_busbw_gbps`` (nccl-tests' "# Avg bus bandwidth" line) and ``max_busbw_gbps``.
+    - ``collectives``: per op and size ``latency_us@OP@BYTES`` (mean), ``latency_us_median@OP@BYTES``,
+      ``latency_us_min@OP@BYTES``, ``latency_us_max@OP@BYTES``, ``algbw_gbps@OP@BYTES``,
+      ``busbw_gbps@OP@BYTES``; ``nccl_mem_mib`` and ``nccl_mem_mib_after_all`` (NCCL runs only),
+      ``world_size``.
+    - ``json``: top-level numbers under their keys; the ``json_path`` value under the path's last part.
 
     Args:
         kind: which benchmark wrote ``text``.

@@ -1,30 +1,21 @@
 """A feasibility classifier: the chance a configuration fails at a boundary, from the study.
 
-Out-of-memory is a boundary in the space, not a region one parameter describes. SGLang's memory
-at start-up is nearly a sum: the KV pool the memory fraction takes, CUDA graphs growing with the
-captured batch, the draft model's graphs with the draft tokens, NCCL's buffers with channels and
-buffer size (and, on the Kimi PCIe host, larger captures with fewer channels). A trial just below
-the boundary runs, one just above fails, and ``study explain``'s one- and two-parameter rules
-(:mod:`autotune.analysis.crash_rules`) state only the part of it a threshold covers: on the Kimi host,
-``mem_fraction_static >= 0.61 -> oom``, while 0.56 with 6 draft tokens or 0.60 with a CUDA-graph
-batch of 450 fail too.
+Out of memory is a boundary in the space (a sum of the KV pool, CUDA graphs, draft tokens and
+NCCL buffers crossing a capacity), which the crash rules' thresholds
+(:mod:`autotune.analysis.crash_rules`) state only in part. :class:`FeasibilityModel` is the
+feasibility classifier of constrained Bayesian optimisation (Gelbart et al. 2014): one
+ridge-penalised logistic regression per failure kind of :data:`MODELLED_KINDS` seen, fitted to the
+trials that ran (0) and those that failed with that kind (1). ``nccl-error`` is modelled too: NCCL
+buffers that do not fit fail as an NCCL error, and a choice that cannot run is a one-hot weight.
 
-So the sampler also asks a logistic regression (the feasibility classifier of constrained Bayesian
-optimisation, Gelbart et al. 2014; SCOOT fits a random forest for the same job), one per failure
-kind seen of :data:`MODELLED_KINDS`, fitted to the trials that ran (0) and those that failed with that kind (1).
-Logistic, because a sum of memory terms crossing a capacity is a linear boundary in the
-parameters' values. ``nccl-error`` is fitted too: NCCL buffers that do not fit fail at
-initialisation as an NCCL error (``NCCL WARN Cuda failure 'out of memory'``), and an algorithm
-that cannot run (``NCCL_ALGO=Tree`` on an all-gather) is a one-hot weight of the same model.
-Memory grows with a value, not with its log, so numbers are scaled
-linearly over their range, log ranges too; a categorical with numeric choices gives its position
-and its value (a non-number such as ``unset``: 0); any other categorical is one-hot. A light
-ridge penalty keeps the fit finite when the trials separate, which near a sharp boundary they do.
+Features: a number scaled linearly over its range (a log range too: memory grows with a value);
+a categorical with numeric choices gives its position and its value (a non-number: 0); any other
+categorical is one-hot.
 
-Contract of :class:`FeasibilityModel`: :meth:`FeasibilityModel.fit` uses only what it is given; a kind with
-fewer than :data:`MIN_EACH` failures or :data:`MIN_EACH` runs gets no model; :meth:`chance`
-gives, for a configuration, the largest predicted chance over the fitted kinds (0 with none, or
-for a configuration that lacks a parameter of the space).
+Contract: :meth:`FeasibilityModel.fit` uses only what it is given; a kind with fewer than
+:data:`MIN_EACH` failures or :data:`MIN_EACH` runs gets no model; :meth:`FeasibilityModel.chance`
+gives the largest predicted chance over the fitted kinds (0 with none, or for a configuration
+that lacks a parameter of the space).
 """
 
 from __future__ import annotations
@@ -35,7 +26,7 @@ from typing import Any
 import numpy as np
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
-from autotune.analysis.crash_rules import is_number
+from autotune.analysis.conditions import is_number
 from autotune.outcome.failures import MEMORY_KINDS
 
 MODELLED_KINDS = (*MEMORY_KINDS, "nccl-error")

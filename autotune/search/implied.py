@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.analysis.crash_rules import is_number, show_value
+from autotune.analysis.conditions import is_number, show_value
 
 SKIPPED = "skipped"
 """The ``outcome`` of a trial the driver did not launch because an earlier failure implies it."""

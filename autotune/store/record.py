@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -356,6 +356,71 @@ def _trial_id(study: optuna.Study, trial: int | FrozenTrial | optuna.Trial) -> i
     if isinstance(trial, (FrozenTrial, optuna.Trial)):
         return trial._trial_id  # noqa: SLF001
     return study._storage.get_trial_id_from_study_id_trial_number(study._study_id, int(trial))  # noqa: SLF001
+
+
+class _TrialsWithout:
+    """A read view of a study whose trial lists leave out the trials ``drop`` accepts (everything
+    else is the study's own); Optuna's samplers read trials through ``Study._get_trials``."""
+
+    def __init__(self, study: optuna.Study, drop: Callable[[FrozenTrial], bool]) -> None:
+        self._study = study
+        self._drop = drop
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
+
+    def _get_trials(self, deepcopy: bool = True, states: Any = None, use_cache: bool = False) -> list[FrozenTrial]:
+        trials = self._study._get_trials(deepcopy=deepcopy, states=states, use_cache=use_cache)  # noqa: SLF001
+        return [t for t in trials if not self._drop(t)]
+
+    def get_trials(self, deepcopy: bool = True, states: Any = None) -> list[FrozenTrial]:
+        return [t for t in self._study.get_trials(deepcopy=deepcopy, states=states) if not self._drop(t)]
+
+    @property
+    def trials(self) -> list[FrozenTrial]:
+        return self.get_trials()
+
+
+def trials_without(study: optuna.Study, drop: Callable[[FrozenTrial], bool]) -> optuna.Study:
+    """``study`` as a sampler reads it, less the trials ``drop`` accepts (a read view, for a
+    sampler's ``sample_*`` calls only)."""
+    return _TrialsWithout(study, drop)  # type: ignore[return-value]
+
+
+@dataclass
+class _NoteTarget:
+    """What ``optuna_dashboard.save_note``/``get_note`` read of a trial (a stored trial has no
+    live ``optuna.Trial``; building one would run the sampler)."""
+
+    storage: optuna.storages.BaseStorage
+    study: optuna.Study
+    _trial_id: int
+
+
+def dashboard_note(system_attrs: Mapping[str, Any], trial: FrozenTrial | None) -> str:
+    """The body of the dashboard's note of ``trial`` (None: the study's) in ``system_attrs`` (the
+    study's, already read).
+
+    Raises:
+        ImportError, KeyError, TypeError, ValueError: optuna-dashboard keeps notes otherwise.
+    """
+    from optuna_dashboard._note import get_note_from_system_attrs
+
+    return str(get_note_from_system_attrs(dict(system_attrs), None if trial is None else trial_id(trial))["body"])
+
+
+def read_trial_note(study: optuna.Study, t: FrozenTrial) -> str:
+    """The body of the dashboard's note of the stored trial ``t``, read from the storage."""
+    from optuna_dashboard import get_note
+
+    return str(get_note(_NoteTarget(storage(study), study, trial_id(t))))  # type: ignore[arg-type]
+
+
+def save_trial_note(study: optuna.Study, t: FrozenTrial, body: str) -> None:
+    """Save ``body`` as the dashboard's note of the stored trial ``t``."""
+    from optuna_dashboard import save_note
+
+    save_note(_NoteTarget(storage(study), study, trial_id(t)), body)  # type: ignore[arg-type]
 
 
 # -- writing -----------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ since two processes creating a new database at the same moment can race on ``CRE
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 import time
 from pathlib import Path
@@ -29,8 +30,11 @@ import sqlalchemy.exc
 from sqlalchemy.engine import URL, make_url
 
 from autotune.errors import UsageError
+from autotune.execution.hosts import MIN_FREE_BYTES
+from autotune.util.folders import ensure_writable
 
-__all__ = ["check_storage", "has_studies", "open_storage", "sqlite_path"]
+__all__ = ["artifact_dir", "check_artifacts_writable", "check_storage", "has_studies", "low_disk", "open_storage",
+           "sqlite_path"]
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 SQLITE_TIMEOUT_S = 30
@@ -181,3 +185,31 @@ def artifact_dir(storage: str) -> Path:
         db = Path(storage.removeprefix("sqlite:///"))
         return db.parent / "autotune-artifacts"
     return Path("autotune-artifacts")
+
+
+def check_artifacts_writable(folder: Path) -> None:
+    """Make the artifact ``folder`` (:func:`artifact_dir`) if missing and check it can be written.
+
+    Raises:
+        UsageError: it cannot be made or written.
+    """
+    try:
+        ensure_writable(folder)
+    except OSError as exc:
+        raise UsageError(f"artifact folder {folder} is not writable: {exc.strerror}") from None
+
+
+def low_disk(url: str) -> str:
+    """Why a study on the SQLite storage ``url`` must stop for want of disk space (less than
+    :data:`~autotune.execution.hosts.MIN_FREE_BYTES` free under its folder), else ""; "" for
+    another kind of storage or a folder that cannot be looked at."""
+    if not url.startswith("sqlite:///"):
+        return ""
+    folder = Path(url.removeprefix("sqlite:///")).parent
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return ""
+    if free < MIN_FREE_BYTES:
+        return f"stopped: only {free // 1024} KiB free under the storage's folder {folder}; free some space and resume"
+    return ""

@@ -1,5 +1,5 @@
-"""Read-only views of a stored study: trial rows for show/best/export, in the JSON shapes of
-DESIGN.md. Nothing here writes to the storage.
+"""Read-only views of a stored study: trial rows for show/best/export, in the JSON shapes that
+``study show --json`` and ``study best --json`` print. Nothing here writes to the storage.
 
 A multi-objective study (:mod:`autotune.config.pareto`) is read the same way: a trial's ``value`` is its
 first objective's, ``values`` all of them; its "best" is the Pareto front's trial that the

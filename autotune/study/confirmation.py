@@ -10,7 +10,7 @@ measured again, and the next one becomes a candidate in its turn while the reser
 
 The runs come out of the trial budget, at most :data:`SHARE` of it (none below
 :data:`MIN_BUDGET` trials, and none for a budget in hours only): the driver starts them when the
-trials left are no more than the runs still needed (:func:`next_run`).
+trials left are no more than the runs still needed (:func:`next_run`), queued by :func:`enqueue`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from autotune.store.study_view import Measured, config_key
+import optuna
+from optuna.trial import TrialState
+
+from autotune.store.record import finished, read
+from autotune.store.study_view import Measured, config_key, measured_configs
 
 SHARE = 0.2
 """The largest share of the trial budget that confirmation runs take."""
@@ -69,4 +73,25 @@ def next_run(configs: Sequence[Measured], *, left: int, spent: int, reserve_runs
     return short[0][0]
 
 
-__all__ = ["MIN_BUDGET", "SHARE", "next_run", "reserve", "shortfall"]
+def enqueue(study: optuna.Study, *, budget_trials: int | None, candidates: int, measurements: int, maximize: bool,
+            pending: Sequence[dict[str, Any]] = ()) -> None:
+    """Queue the next confirmation run of ``study`` (:func:`next_run`), if one is due now: the
+    parameters of the first trial of the configuration, user attr ``confirms`` its number.
+    Nothing while another trial waits in the queue. ``pending``: the applied parameters of the
+    trials running now."""
+    runs = reserve(budget_trials)
+    if not runs or candidates < 1 or study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        return
+    trials = study.get_trials(deepcopy=False)
+    done = finished(study)
+    again = next_run(
+        measured_configs([read(t) for t in done]), left=int(budget_trials or 0) - len(done) - len(pending),
+        spent=sum(1 for t in trials if "confirms" in t.user_attrs and t.state != TrialState.WAITING),
+        reserve_runs=runs, candidates=candidates, measurements=measurements, maximize=maximize, pending=pending)
+    if again is None:
+        return
+    first = next(t for t in done if t.number == again.trials[0])
+    study.enqueue_trial(dict(first.params), user_attrs={"confirms": first.number})
+
+
+__all__ = ["MIN_BUDGET", "SHARE", "enqueue", "next_run", "reserve", "shortfall"]

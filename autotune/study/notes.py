@@ -22,7 +22,6 @@ import math
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -288,37 +287,22 @@ def trial_note_extra(study: optuna.Study, t: FrozenTrial, best: TrialRecord | No
 
 
 # -- writing ---------------------------------------------------------------------------------
-@dataclass
-class _NoteTarget:
-    """What ``optuna_dashboard.save_note``/``get_note`` read of a trial (a stored trial has no
-    live ``optuna.Trial``; building one would run the sampler)."""
-
-    storage: BaseStorage
-    study: optuna.Study
-    _trial_id: int
-
-
 def _hash(body: str) -> str:
     return hashlib.sha256(body.encode("utf-8", errors="surrogateescape")).hexdigest()
 
 
 def _save(study: optuna.Study, t: FrozenTrial, body: str, *, overwrite: bool, system_attrs: Mapping[str, Any]) -> bool:
     """Save ``body`` as ``t``'s note unless a person wrote it (or it is unchanged); True if saved."""
-    from optuna_dashboard import get_note, save_note
-
-    target = _NoteTarget(record.storage(study), study, record.trial_id(t))
     key = f"{NOTE_HASH_PREFIX}{record.trial_id(t)}"
-    try:  # from the system attrs already read (get_note reads them all again, for each trial)
-        from optuna_dashboard._note import get_note_from_system_attrs
-
-        current = get_note_from_system_attrs(dict(system_attrs), record.trial_id(t))["body"]
+    try:  # from the system attrs already read (reading the note reads them all again, for each trial)
+        current = record.dashboard_note(system_attrs, t)
     except (ImportError, KeyError, TypeError, ValueError):
-        current = get_note(target)  # type: ignore[arg-type]
+        current = record.read_trial_note(study, t)
     if current == body:
         return False
     if current and not overwrite and system_attrs.get(key) != _hash(current):
         return False  # the person's note
-    save_note(target, body)  # type: ignore[arg-type]
+    record.save_trial_note(study, t, body)
     record.set_study_system_attr(study, key, _hash(body))
     return True
 
@@ -326,9 +310,8 @@ def _save(study: optuna.Study, t: FrozenTrial, body: str, *, overwrite: bool, sy
 def _save_study_note(study: optuna.Study, body: str, *, overwrite: bool, system_attrs: Mapping[str, Any]) -> bool:
     """Save ``body`` as the study's note unless a person wrote it (or it is unchanged)."""
     from optuna_dashboard import save_note
-    from optuna_dashboard._note import get_note_from_system_attrs
 
-    current = get_note_from_system_attrs(dict(system_attrs), None)["body"]
+    current = record.dashboard_note(system_attrs, None)
     key = f"{NOTE_HASH_PREFIX}study"
     if current == body or (current and not overwrite and system_attrs.get(key) != _hash(current)):
         return False

@@ -21,7 +21,7 @@ from rich.text import Text
 
 from autotune.analysis.explain import crash_rules
 from autotune.config.pareto import Goal
-from autotune.execution.runner import TrialResult
+from autotune.execution.trial import TrialResult
 from autotune.store.study_view import best_of, is_multi_objective, measured_configs, objectives, pick, trial_views
 from autotune.store.record import TrialRecord, counts_text
 from autotune.util.units import unit_of, with_unit

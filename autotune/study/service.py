@@ -3,7 +3,7 @@
 ``--detach`` runs ``python -m autotune study start ARGS`` (the same arguments, less ``--detach``)
 as a daemon of this machine: a new session (no terminal, so no SIGHUP when it closes), stdin
 ``/dev/null``, stdout and stderr appended to ``<artifacts>/daemons/<name>.log`` and its pid in
-``<artifacts>/daemons/<name>.pid`` (``<artifacts>``: :func:`autotune.study.driver.artifact_dir`). The
+``<artifacts>/daemons/<name>.pid`` (``<artifacts>``: :func:`autotune.store.storage.artifact_dir`). The
 foreground waits until the daemon holds the study's lease (it runs the study) or has exited
 (its one-line error becomes ours, with its exit code), at most :data:`START_WAIT_S`. The pid file
 is removed when the daemon exits before that; a pid file left by a daemon that ended later is
@@ -55,6 +55,7 @@ from autotune.study.lease import (
 from autotune.store.storage import artifact_dir, has_studies, open_storage
 from autotune.store.record import Outcome, counts, counts_text, read, read_all
 from autotune.store.study_view import best_view, is_multi_objective, objectives
+from autotune.util.polling import polling
 
 START_WAIT_S = 60.0
 """How long ``--detach`` waits for the daemon to take the study's lease."""
@@ -161,8 +162,7 @@ def _await_lease(proc: subprocess.Popen[bytes], name: str, storage: str, log: Pa
                  offset: int, wait_s: float) -> DaemonInfo:
     """Poll until ``proc`` holds study ``name``'s lease or exits, at most ``wait_s``."""
     rdb: RDBStorage | None = None
-    deadline = time.monotonic() + wait_s
-    while True:
+    for _ in polling(wait_s, POLL_S):
         code = proc.poll()
         if code is not None:
             pid_file.unlink(missing_ok=True)  # it has ended: its log stays
@@ -179,9 +179,7 @@ def _await_lease(proc: subprocess.Popen[bytes], name: str, storage: str, log: Pa
             owner = None
         if owner is not None and owner.pid == proc.pid:
             return DaemonInfo(proc.pid, log, pid_file, running=True)
-        if time.monotonic() >= deadline:
-            return DaemonInfo(proc.pid, log, pid_file, running=False)
-        time.sleep(POLL_S)
+    return DaemonInfo(proc.pid, log, pid_file, running=False)
 
 
 def log_tail(log: Path, offset: int = 0, lines: int = LOG_TAIL_LINES) -> list[str]:

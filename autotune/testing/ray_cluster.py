@@ -20,12 +20,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
 from autotune.util.net import free_port
 from autotune.execution.hosts import TAG_ENV, tagged_pids
+from autotune.util.polling import wait_until
 
 __all__ = ["LocalRayCluster"]
 
@@ -112,7 +112,6 @@ class LocalRayCluster:
                     os.kill(pid, sig)
                 except ProcessLookupError:
                     pass
-            deadline = time.monotonic() + 5
-            while pids and time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
-                time.sleep(0.1)
+            if pids:
+                wait_until(lambda: not any(Path(f"/proc/{p}").exists() for p in pids), 5, 0.1)
         shutil.rmtree(self.temp_dir, ignore_errors=True)

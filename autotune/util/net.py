@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import socket
-import time
 from typing import Callable
 
 import requests
+
+from autotune.util.polling import polling
 
 __all__ = ["free_port", "http_ok", "wait_http_ok"]
 
@@ -34,9 +35,9 @@ def wait_http_ok(url: str, timeout_s: float, *, alive: Callable[[], bool] = lamb
                  interval_s: float = 0.2) -> bool:
     """Poll ``url`` until it answers 200 (True), ``alive()`` turns false or ``timeout_s`` passes
     (False): e.g. a server's /health while its process runs."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and alive():
+    for _ in polling(timeout_s, interval_s):
+        if not alive():
+            return False
         if http_ok(url):
             return True
-        time.sleep(interval_s)
     return False

@@ -1,21 +1,31 @@
-"""Small statistics shared by the profile's measurement and the ablation (no SciPy needed)."""
+"""Small statistics shared by the profile's measurement, the confirmation runs and the ablation.
+
+:func:`t95` is Student's t quantile of a two-sided 95 % interval (SciPy, imported on first use:
+``autotune``'s command line starts without it); :func:`mean_interval` the mean, sample standard
+deviation and t-interval of a sample.
+"""
 
 from __future__ import annotations
 
 __all__ = ["mean_interval", "t95"]
 
+import functools
 import math
 from collections.abc import Sequence
 
-_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-        2.045, 2.042)
-"""Student's t, two-sided 95%, for 1 .. 30 degrees of freedom."""
 
-
+@functools.lru_cache(maxsize=None)
 def t95(df: int) -> float:
-    """Student's t quantile for a two-sided 95% interval with ``df`` degrees of freedom."""
-    return _T95[df - 1] if 1 <= df <= len(_T95) else (2.0 if df <= 60 else 1.96)
+    """Student's t quantile for a two-sided 95% interval with ``df`` degrees of freedom.
+
+    Raises:
+        ValueError: ``df`` is below 1.
+    """
+    if df < 1:
+        raise ValueError(f"t95 needs at least 1 degree of freedom, got {df}")
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, df))
 
 
 def mean_interval(values: Sequence[float]) -> tuple[float, float | None, tuple[float, float] | None]:

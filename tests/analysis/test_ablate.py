@@ -16,7 +16,7 @@ from pathlib import Path
 import optuna
 import yaml
 
-from tests.study.test_study import autotune
+from tests.helpers.cli import autotune
 
 PARAMS = {
     "NCCL_MIN_NCHANNELS": {"type": "int", "low": 1, "high": 32, "env": "NCCL_MIN_NCHANNELS", "default": 1},

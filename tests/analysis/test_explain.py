@@ -20,7 +20,7 @@ from optuna.trial import TrialState, create_trial
 from autotune.analysis.explain import MIN_SUPPORT, crash_rules, explain
 from autotune.analysis.importance import _Matching, matched_effect
 from autotune.config.space import SearchSpace
-from tests.study.test_study import autotune
+from tests.helpers.cli import autotune
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 SPACE = SearchSpace.load("sglang_nccl")
@@ -545,7 +545,7 @@ def test_a_thin_memory_rule_must_be_a_declared_threshold(way: str, failures: int
 def test_the_driver_stores_the_declarations_that_scope_the_rules(tmp_path: Path) -> None:
     """A study the driver runs keeps its space's ``monotone:`` declarations, which explain reads."""
     from autotune.analysis.explain import space_monotone
-    from autotune.bench.tuner import Setup
+    from autotune.bench.setups import Setup
     from autotune.study.driver import Driver
     from autotune.bench.model_executor import ModelExecutor
 
@@ -903,7 +903,7 @@ def test_failures_on_the_product_of_channels_and_buffers_are_one_rule(tmp_path: 
     # among the headings), and a parameter's line keeps its verdict whole.
     from rich.console import Console
 
-    from autotune.cli import app as cli
+    from autotune.cli import show_commands as cli
 
     out = io.StringIO()
     monkeypatch.setattr(cli, "_out", Console(file=out, width=80, force_terminal=False, color_system=None))

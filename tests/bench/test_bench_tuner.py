@@ -22,13 +22,16 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
 from autotune.store.record import read
-from autotune.bench.tuner import (BENCH_ENV, BenchOptions, Setup, StudyTask, StudyTrace, _Clock, _trace, goals, scratch_dir,
-                                  summarize)
-from autotune.study.driver import Driver, make_sampler
+from autotune.bench.scores import summarize
+from autotune.bench.setups import BENCH_ENV, Setup
+from autotune.bench.study_trace import StudyTask, StudyTrace, _Clock, _trace, scratch_dir
+from autotune.bench.tuner import BenchOptions, goals
+from autotune.search.factory import make_sampler
+from autotune.study.driver import Driver
 from autotune.errors import UsageError
 from autotune.bench.model_executor import ModelExecutor, model_workload
 from autotune.config.objective import Objective
-from autotune.execution.runner import TrialSpec
+from autotune.execution.trial import TrialSpec
 from autotune.sim.args import parse_server_args
 from autotune.sim.model import Workload, predict
 from autotune.sim.scenario import load_scenario

@@ -11,7 +11,6 @@ holds studies (see :func:`seeded_db`).
 
 from __future__ import annotations
 
-import os
 import shutil
 import sqlite3
 import subprocess
@@ -22,7 +21,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.cli import app as cli
+from tests.helpers.cli import run_in_process
 
 # -- building blocks ----------------------------------------------------------------------------
 SPACE = """\
@@ -505,20 +504,6 @@ def _check(case: Case, tmp: Path, code: object, stderr: str, before: dict[str, b
     assert not (tmp / "autotune-artifacts").exists()
 
 
-def run_in_process(argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> tuple[object, str, str]:
-    """Run ``autotune ARGV`` through ``autotune.cli.app.main``; returns (exit code, stdout, stderr)."""
-    monkeypatch.setattr(sys, "argv", ["autotune", *argv])
-    umask = os.umask(0o022)  # main() sets the tool's own umask: give the test process its own back
-    os.umask(umask)
-    try:
-        with pytest.raises(SystemExit) as exited:
-            cli.main()
-    finally:
-        os.umask(umask)
-    out = capsys.readouterr()
-    return exited.value.code, out.out, out.err
-
-
 def test_corpus_is_large_and_ids_unique() -> None:
     assert len(CASES) >= 90
     assert len({c.id for c in CASES}) == len(CASES)
@@ -597,7 +582,7 @@ def test_progress_shows_markup_as_written(tmp_path: Path, terminal: bool) -> Non
 
     from autotune.outcome.failures import Failure
     from autotune.study.progress import ConsoleReporter
-    from autotune.execution.runner import TrialResult
+    from autotune.execution.trial import TrialResult
 
     buf = io.StringIO()
     reporter = ConsoleReporter(Console(file=buf, force_terminal=terminal, width=200), metric="[red]m")

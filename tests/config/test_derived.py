@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.analysis.crash_rules import Condition
+from autotune.analysis.conditions import Condition
 from autotune.config.derived import derived_values, enabled_protocols, nccl_buffers_mib
 
 MIB = 1 << 20

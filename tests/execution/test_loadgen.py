@@ -16,8 +16,9 @@ import urllib.request
 import pytest
 
 from autotune.util.net import free_port
-from autotune.execution.loadgen import LoadError, LoadProgress, Workload, run_load_sync
-from autotune.execution.loadgen import _Client
+from autotune.execution.loadgen import LoadError, run_load_sync
+from autotune.execution.workload import LoadProgress, Workload
+from autotune.execution.load_client import Client as _Client
 
 SERVER = Path(__file__).resolve().parents[1] / "streaming_server.py"
 TTFT = 0.02  # the server's defaults, seconds

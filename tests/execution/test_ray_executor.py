@@ -23,10 +23,10 @@ from autotune.config.study import StudyConfig
 from autotune.config.demo import DEMO_CONFIG
 from autotune.execution.hosts import tagged_pids
 from autotune.config.objective import Objective
-from autotune.execution.runner import TrialSpec
+from autotune.execution.trial import TrialSpec
 from autotune.execution.slots import Slot, SlotPool, host_slots, ray_slots
 from autotune.testing.ray_cluster import LocalRayCluster
-from tests.study.test_study import autotune
+from tests.helpers.cli import autotune
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -258,7 +258,7 @@ def test_a_refusing_host_quarantines_all_its_slots_at_once() -> None:
 def test_parallel_tpe_lies_about_running_trials_and_starts_modelling_on_time() -> None:
     """With N trials in flight TPE counts the running ones as bad (constant liar) and its random
     start-up is N - 1 shorter, so its first modelled ask comes at the serial trial number."""
-    from autotune.study.driver import make_sampler
+    from autotune.search.factory import make_sampler
     from autotune.search.samplers import TPE_STARTUP_TRIALS
 
     serial, parallel = make_sampler("tpe", 0).tpe, make_sampler("tpe", 0, slots=3).tpe

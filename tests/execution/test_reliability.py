@@ -265,7 +265,7 @@ def test_a_killed_driver_s_servers_are_killed_on_resume_even_outside_its_group(t
 
 
 def test_a_resumed_seeded_study_does_not_replay_its_trials(tmp_path: Path) -> None:
-    from autotune.study.driver import derived_seed
+    from autotune.search.factory import derived_seed
 
     assert derived_seed(0, 2) != derived_seed(0, 0) and derived_seed(0, 2) == derived_seed(0, 2)
     assert derived_seed(None, 2) is None
@@ -286,7 +286,8 @@ def test_a_resumed_seeded_study_does_not_replay_its_trials(tmp_path: Path) -> No
 def test_a_stop_request_before_launch_launches_nothing(tmp_path: Path) -> None:
     from autotune.engines.registry import PRESETS
     from autotune.config.objective import Objective
-    from autotune.execution.runner import TrialRunner, TrialSpec
+    from autotune.execution.runner import TrialRunner
+    from autotune.execution.trial import TrialSpec
 
     stop = StopRequest()
     stop.request("stopped by test")

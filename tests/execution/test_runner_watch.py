@@ -15,7 +15,9 @@ from autotune.engines.registry import PRESETS
 from autotune.outcome.failures import COMMON_PATTERNS, find_error
 from autotune.execution.hosts import LocalHost, tagged_pids
 from autotune.config.objective import Objective
-from autotune.execution.runner import LogWatcher, TrialRunner, TrialSpec
+from autotune.execution.log_watcher import LogWatcher
+from autotune.execution.runner import TrialRunner
+from autotune.execution.trial import TrialSpec
 
 LINES = [
     "INFO loading weights",

@@ -3,23 +3,20 @@ the simulated host as the server behind it, and faults injected for real (an unk
 host key, a connection dropped mid-trial, the whole sshd gone and back).
 
 The "remote" host is this machine, so the tests can look at what runs there directly
-(``/proc``, :func:`autotune.execution.hosts.tagged_pids`). Without ``/usr/sbin/sshd`` the tests skip, except
-under CI (env var ``CI``), where that is a failure: .ci/run installs openssh-server.
+(``/proc``, :func:`autotune.execution.hosts.tagged_pids`). The sshd is :mod:`tests.helpers.sshd`'s (the
+``sshd`` fixture of tests/conftest.py, or one of a test's own). Without ``/usr/sbin/sshd`` the tests
+skip, except under CI (env var ``CI``), where that is a failure: .ci/run installs openssh-server.
 """
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import re
-import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -29,145 +26,23 @@ import yaml
 
 from autotune.util.net import free_port
 from autotune.execution.hosts import TAG_ENV, HostFault, LocalHost, tagged_pids
-from autotune.execution.sshhost import SSHHost, SSHOptions
-from tests.needs import unavailable
-from tests.study.test_study import autotune, show
+from autotune.execution.ssh_options import SSHOptions
+from autotune.execution.sshhost import SSHHost
+from tests.helpers.cli import autotune, show
+from tests.helpers.sshd import PYTHON, SETUP, Sshd, descendants, keygen, new_sshd, ssh_section
 
-SSHD = Path("/usr/sbin/sshd")
 SCENARIO = "rtx6000-pcie-glm5"
 LOAD = {"load": {"concurrency": 16, "num_prompts": 32, "input_len": 32, "output_len": 8, "warmup_prompts": 1}}
 MFS = {"type": "float", "low": 0.85, "high": 0.93, "step": 0.01, "flag": "--mem-fraction-static", "default": 0.92}
 MIN_CH = {"type": "int", "low": 1, "high": 32, "env": "NCCL_MIN_NCHANNELS", "default": 8}
 SIM_COMMAND = ("{python} -m autotune.sim serve --scenario {scenario} --host {host} --port {port}"
                " --max-running-requests 128")
-# The remote side runs this machine's interpreter: put its folder first on PATH (the setup line),
-# and `{python}` is its name there, as on a real host with a virtual environment.
-SETUP = f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:\"$PATH\""
-PYTHON = Path(sys.executable).name
-
-
-def _require_sshd() -> None:
-    if not SSHD.is_file():
-        unavailable(f"{SSHD} is missing (apt-get install openssh-server)")
-
-
-def _keygen(path: Path) -> None:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "autotune-test", "-f", str(path)],
-                   check=True, capture_output=True)
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children first listed, then theirs)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(stat[1]), []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-@dataclass
-class Sshd:
-    """A real sshd on 127.0.0.1:``port`` that accepts ``user_key`` for the current user."""
-
-    folder: Path
-    port: int
-    user: str = field(default_factory=getpass.getuser)
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def user_key(self) -> Path:
-        return self.folder / "user_key"
-
-    @property
-    def url(self) -> str:
-        return f"ssh://{self.user}@127.0.0.1:{self.port}"
-
-    def known_hosts_line(self) -> str:
-        kind, key = (self.folder / "host_key.pub").read_text().split()[:2]
-        return f"[127.0.0.1]:{self.port} {kind} {key}\n"
-
-    def write_known_hosts(self, path: Path, line: str | None = None) -> Path:
-        path.write_text(self.known_hosts_line() if line is None else line)
-        return path
-
-    def start(self) -> None:
-        if not (self.folder / "host_key").exists():
-            _keygen(self.folder / "host_key")
-            _keygen(self.user_key)
-            (self.folder / "authorized_keys").write_text((self.folder / "user_key.pub").read_text())
-            (self.folder / "home").mkdir()
-            # Sessions get a home of their own, as on a fresh host: this machine's ~/.bashrc is
-            # not run (a developer's `pyenv init` there takes a lock that a session killed by a
-            # test would leave behind, stalling every later login).
-            (self.folder / "sshd_config").write_text(
-                f"Port {self.port}\nListenAddress 127.0.0.1\nHostKey {self.folder}/host_key\n"
-                f"AuthorizedKeysFile {self.folder}/authorized_keys\nPidFile {self.folder}/sshd.pid\n"
-                "UsePAM no\nStrictModes no\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n"
-                f"KbdInteractiveAuthentication no\nAllowTcpForwarding yes\nSetEnv HOME={self.folder}/home\n")
-        Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # privilege separation needs it
-        log = open(self.folder / "sshd.log", "ab")
-        self.proc = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(self.folder / "sshd_config")],
-                                     stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, (self.folder / "sshd.log").read_text()
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
-                    if s.recv(64).startswith(b"SSH-"):
-                        return
-            except OSError:
-                time.sleep(0.05)
-        raise AssertionError(f"sshd did not accept connections: {(self.folder / 'sshd.log').read_text()}")
-
-    def drop_connections(self) -> None:
-        """SIGKILL the per-connection sshd processes (and what they run): the clients' connections
-        drop, the listener stays."""
-        assert self.proc is not None
-        for pid in _descendants(self.proc.pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def stop(self) -> None:
-        """The whole sshd gone: connections dropped, nothing listening."""
-        if self.proc is None:
-            return
-        self.drop_connections()
-        self.proc.kill()
-        self.proc.wait(10)
-        self.proc = None
-
-
-def _new_sshd(folder: Path) -> Sshd:
-    _require_sshd()
-    sshd = Sshd(folder, free_port())
-    sshd.start()
-    return sshd
-
-
-@pytest.fixture(scope="session")
-def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
-    """One sshd for the tests that do not break it."""
-    server = _new_sshd(tmp_path_factory.mktemp("sshd"))
-    yield server
-    server.stop()
 
 
 @pytest.fixture
 def own_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     """An sshd of the test's own, to drop and kill."""
-    server = _new_sshd(tmp_path_factory.mktemp("own-sshd"))
+    server = new_sshd(tmp_path_factory.mktemp("own-sshd"))
     yield server
     server.stop()
 
@@ -183,13 +58,6 @@ def launched() -> Iterator[list[str]]:
 
 
 # -- helpers --------------------------------------------------------------------------------------
-def ssh_section(sshd: Sshd, tmp: Path, **changes: Any) -> dict[str, Any]:
-    workdir = tmp / "remote work"  # a space in the remote path: it is quoted, not split
-    workdir.mkdir(exist_ok=True)
-    return {"key_filename": str(sshd.user_key), "known_hosts": str(sshd.write_known_hosts(tmp / "known_hosts")),
-            "workdir": str(workdir), "setup": SETUP, "python": PYTHON, **changes}
-
-
 def write_study(tmp: Path, name: str, sshd: Sshd, *, parameters: dict[str, Any] | None = None, trials: int = 1,
                 ssh: dict[str, Any] | None = None, target: dict[str, Any] | None = None,
                 load: dict[str, Any] | None = None) -> Path:
@@ -323,7 +191,7 @@ def test_a_killed_driver_s_remote_server_is_killed_on_resume(sshd: Sshd, tmp_pat
 @pytest.mark.parametrize("known", ["empty", "other-key"])
 def test_an_unknown_or_changed_host_key_is_refused_before_anything_runs(sshd: Sshd, tmp_path: Path, known: str) -> None:
     other = tmp_path / "other"
-    _keygen(other)
+    keygen(other)
     kind, key = (tmp_path / "other.pub").read_text().split()[:2]
     known_hosts = tmp_path / "kh"
     known_hosts.write_text("" if known == "empty" else f"[127.0.0.1]:{sshd.port} {kind} {key}\n")
@@ -543,7 +411,7 @@ def drop_sessions(sshd: Sshd) -> list[int]:
     the sessions started (shells, the log tail, the server in its own session) is left alone."""
     assert sshd.proc is not None
     killed = []
-    for pid in _descendants(sshd.proc.pid):
+    for pid in descendants(sshd.proc.pid):
         try:
             if Path(f"/proc/{pid}/comm").read_text().strip() != "sshd":
                 continue

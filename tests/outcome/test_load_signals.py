@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from autotune.bench.tuner import Setup
+from autotune.bench.setups import Setup
 from autotune.study.driver import Driver
 from autotune.outcome.load_signals import ATTR as SIGNALS_ATTR, LoadSignals, raises_called_for
 from autotune.bench.model_executor import ModelExecutor
 from autotune.study.notes import note_for
 from autotune.study.progress import ConsoleReporter
-from tests.study.test_study import autotune
+from tests.helpers.cli import autotune
 
 # SGLang 0.5.23 (sglang/srt/managers/scheduler_components/metrics_reporter.py): a prefill line's
 # #running-req is the running batch its #new-seq join; a decode line's is the batch decoded

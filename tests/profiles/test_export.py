@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from autotune.util.text import one_line
 from autotune.errors import UsageError
-from autotune.profiles.export import FORMATS, profile, render
+from autotune.profiles.formats import FORMATS, profile, render
 from autotune.config.secrets import (
     MIN_TEXT_SECRET,
     Redactor,
@@ -395,7 +395,7 @@ def test_the_interpreter_defaults_to_python3_and_is_overridden_by_python_or_bake
 
 
 def test_the_interpreter_is_found_where_the_launch_template_put_it() -> None:
-    from autotune.profiles.export import interpreter_spans
+    from autotune.profiles.command import interpreter_spans
 
     stored = ["/srv/venv/bin/python", "-m", "x", "--host", "127.0.0.1", "--port", "{port}", "--python=/srv/venv/bin/python"]
     spans = interpreter_spans(stored, "{python} -m x --host {host} --port {port} --python={python}")
@@ -615,7 +615,7 @@ def test_a_backed_off_value_the_study_measured_is_recorded_with_its_own_measurem
 
 # -- reading a profile back (autotune verify) ----------------------------------------------------
 def test_every_format_reads_back_as_the_same_profile(tmp_path: Path) -> None:
-    from autotune.profiles.export import load_profile
+    from autotune.profiles.verify import load_profile
 
     best, _ = secret_trial()
     options = {"verify": {"engine": "sim", "objective": {"name": "quick"}}}
@@ -630,7 +630,7 @@ def test_every_format_reads_back_as_the_same_profile(tmp_path: Path) -> None:
 
 
 def test_verify_takes_the_secrets_from_the_environment_and_names_a_missing_one() -> None:
-    from autotune.profiles.export import _expand_secrets
+    from autotune.profiles.verify import _expand_secrets
 
     best, args = secret_trial()
     prof = json.loads(rendered("json", best))

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.study.test_study import MFS, MIN_CH, SCENARIO, write_study
+from tests.helpers.sim_study import MFS, MIN_CH, SCENARIO, write_study
 
 TOLERANCE = 0.10
 

@@ -13,13 +13,13 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.store.record import read
-from autotune.bench.tuner import Setup
-from autotune.analysis.crash_rules import is_number
+from autotune.bench.setups import Setup
+from autotune.analysis.conditions import is_number
 from autotune.study.driver import Driver, finished_trials
 from autotune.errors import ConfigError
 from autotune.search.implied import SKIPPED, implied_failure
 from autotune.bench.model_executor import ModelExecutor
-from autotune.execution.runner import TrialSpec
+from autotune.execution.trial import TrialSpec
 from autotune.config.space import SearchSpace
 from autotune.store.study_view import show_json
 

@@ -7,16 +7,17 @@ import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
-from autotune.study.driver import make_sampler
+from autotune.search.factory import make_sampler
 from autotune.outcome.load_signals import ATTR as SIGNALS_ATTR, LoadSignals
-from autotune.search.samplers import CrashAwareTPESampler, failed_moves, refused
+from autotune.search.moves import failed_moves, refused
+from autotune.search.samplers import CrashAwareTPESampler
 from autotune.store.study_view import proposal_text
 from autotune.store.record import PROPOSED_ATTR
 
 DISTS = {"algo": CategoricalDistribution(["Ring", "Tree", "unset"]), "mem": FloatDistribution(0.5, 0.95)}
 MONOTONE = {"mem": {"oom": "up"}}
 """``mem`` declared monotone for OOMs: a rule of 3 OOMs on it is a threshold the declaration
-supports (:data:`autotune.analysis.crash_rules.MIN_BOUNDARY_SUPPORT`)."""
+supports (:data:`autotune.analysis.rule_cover.MIN_BOUNDARY_SUPPORT`)."""
 
 
 OK_MEMS = (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.87, 0.88, 0.89)

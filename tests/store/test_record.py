@@ -1,8 +1,13 @@
 """The trial record (autotune.store.record): written once, read the same by every surface, and the only
 door to Optuna's private storage API, whose names are pinned here so that an Optuna release that
-drops one fails loudly."""
+drops one fails loudly. pyproject.toml pins ``optuna>=5.0,<5.2`` for them: widen the pin only
+with this test passing on the new releases."""
 
 from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState, create_trial
@@ -29,10 +34,22 @@ def test_the_private_names_autotune_relies_on_exist() -> None:
                    "set_study_system_attr", "set_trial_user_attr", "get_trial_id_from_study_id_trial_number",
                    "get_best_trial", "get_trial"):
         assert callable(getattr(study._storage, method)), method
+        assert callable(getattr(optuna.storages.RDBStorage, method)), method  # the studies' storage
     # The list form of the constraints: what Optuna's samplers still read, and all the dashboard reads.
     assert _CONSTRAINTS_KEY == record.DASHBOARD_CONSTRAINTS == serializer.CONSTRAINTS_KEY
     assert _get_constraints_from_system_attrs({"constraints": [1.0, -2.0]}) == {"0": 1.0, "1": -2.0}
     assert callable(dashboard_note.get_note_from_system_attrs)
+    # record.trials_without overrides what Optuna's samplers call to read a study's trials.
+    assert {"deepcopy", "states", "use_cache"} <= set(inspect.signature(optuna.Study._get_trials).parameters)
+
+
+def test_the_optuna_pin_is_the_one_these_names_were_checked_against() -> None:
+    """A change of pyproject's Optuna pin comes here first: the private names above are checked
+    for ``optuna>=5.0,<5.2`` and the installed Optuna is within it."""
+    text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    assert '"optuna>=5.0,<5.2"' in text
+    major, minor = (int(x) for x in re.findall(r"\d+", optuna.__version__)[:2])
+    assert (5, 0) <= (major, minor) < (5, 2), optuna.__version__
 
 
 def _told(study: optuna.Study, outcome: Outcome, failure: Failure | None, value: float | None = None) -> None:

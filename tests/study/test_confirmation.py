@@ -15,7 +15,7 @@ import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import create_trial
 
-from autotune.bench.tuner import Setup
+from autotune.bench.setups import Setup
 from autotune.study.confirmation import next_run, reserve
 from autotune.study.driver import Driver
 from autotune.bench.model_executor import ModelExecutor

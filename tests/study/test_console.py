@@ -16,7 +16,7 @@ from rich.console import Console
 
 from autotune.outcome.failures import Failure
 from autotune.study.progress import ConsoleReporter, _LiveStatus, shorten
-from autotune.execution.runner import TrialResult
+from autotune.execution.trial import TrialResult
 
 TREE = ("NCCL error in: ProcessGroupNCCL.cpp:3356, invalid usage (run with NCCL_DEBUG=WARN for details), "
         "NCCL version 2.27.3 ncclInvalidUsage: This usually reflects invalid usage of NCCL library. Last error: "
@@ -59,7 +59,7 @@ def test_the_summary_and_the_best_fit_an_80x24_screen(tmp_path: Path, monkeypatc
     """What ``study start`` leaves on the screen: the summary, then the best in brief (the
     table's first row has what it changed; ``study best`` has every parameter), 23 lines at most
     so that the prompt below them fits a 24-row terminal too."""
-    from autotune.cli import app as cli
+    from autotune.cli import show_commands as cli
 
     out = io.StringIO()
     console = Console(file=out, width=80, force_terminal=False, color_system=None)
@@ -156,7 +156,7 @@ def test_study_list_at_80_columns_shows_each_name_whole(tmp_path: Path, monkeypa
     """A study's name is what every other command takes: at 80 columns ``study list`` cut
     ``sglang_nccl-1006`` to ``sglang_nccl-10…``. The name keeps its width; the creation time
     gives way (to the minute, under its date)."""
-    from autotune.cli import app as cli
+    from autotune.cli import show_commands as cli
 
     storage = f"sqlite:///{tmp_path}/l.db"
     for name in ("sglang_nccl-1006", "rtx6000-kimi-seed-1001"):

@@ -9,8 +9,6 @@ served by ``autotune dashboard`` and looked at in a real headless Chromium, with
 
 from __future__ import annotations
 
-import io
-import json
 import os
 import re
 import shutil
@@ -20,17 +18,18 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from wsgiref.util import setup_testing_defaults
 
 import optuna
 import pytest
 import requests
 from optuna.trial import TrialState
-from tests.study.test_driver_paths import _stop as stop_group
-from tests.profiles.test_report import RECORDED, browse, chromium, recorded_study
 
 from autotune.util.net import free_port, wait_http_ok
 from autotune.study.notes import NOTE_HASH_PREFIX
+from tests.helpers.browser import browse, chromium
+from tests.helpers.cli import stop_group
+from tests.helpers.dashboard import api_trials, wsgi_call
+from tests.helpers.sim_study import RECORDED
 
 
 @dataclass(frozen=True)
@@ -54,10 +53,10 @@ class Recorded:
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
-    """The real study of tests/profiles/test_report.py (NCCL crash, OOM crash, measured): the driver wrote
-    each trial's note as the trial ended."""
-    folder = recorded_study(tmp_path_factory)
+def recorded(recorded_study: Path) -> Recorded:
+    """The real study of tests/conftest.py's ``recorded_study`` (NCCL crash, OOM crash, measured):
+    the driver wrote each trial's note as the trial ended."""
+    folder = recorded_study
     study = optuna.load_study(study_name=RECORDED, storage=f"sqlite:///{folder}/studies.db")
     notes = [k for k in study._storage.get_study_system_attrs(study._study_id) if k.startswith("dashboard:")]
     assert len(notes) >= len(study.trials) == 3, notes
@@ -68,27 +67,6 @@ def _show(storage: str, name: str) -> dict[int, dict[str, Any]]:
     from autotune.store.study_view import load_study, show_json
 
     return {t["number"]: t for t in show_json(load_study(name, storage))["trials"]}
-
-
-def _wsgi_call(app: Any, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[str, Any]:
-    environ: dict[str, Any] = {}
-    setup_testing_defaults(environ)
-    data = b"" if body is None else json.dumps(body).encode()
-    environ.update({"REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": "", "wsgi.input": io.BytesIO(data),
-                    "CONTENT_LENGTH": str(len(data)), "CONTENT_TYPE": "application/json"})
-    status: list[str] = []
-    chunks = app(environ, lambda s, headers, exc_info=None: status.append(s))
-    raw = b"".join(chunks)
-    return status[0], (json.loads(raw) if raw else None)
-
-
-def _api_trials(app: Any, name: str) -> tuple[int, dict[int, dict[str, Any]]]:
-    status, studies = _wsgi_call(app, "GET", "/api/studies")
-    assert status.startswith("200"), status
-    (sid,) = [s["study_id"] for s in studies["study_summaries"] if s["study_name"] == name]
-    status, detail = _wsgi_call(app, "GET", f"/api/studies/{sid}")
-    assert status.startswith("200"), status
-    return sid, {t["number"]: t for t in detail["trials"]}
 
 
 def test_notes_read_like_study_show_through_the_wsgi_app(recorded: Recorded, tmp_path: Path) -> None:
@@ -103,7 +81,7 @@ def test_notes_read_like_study_show_through_the_wsgi_app(recorded: Recorded, tmp
     assert write_all_notes(rdb) == 0  # up to date now: nothing is rewritten
     shown = _show(storage, RECORDED)
     app = wsgi(rdb)
-    sid, trials = _api_trials(app, RECORDED)
+    sid, trials = api_trials(app, RECORDED)
     assert [(t["state"], shown[n]["outcome"], shown[n]["failure"] and shown[n]["failure"]["kind"])
             for n, t in sorted(trials.items())] == [
         ("Complete", "infeasible", "nccl-error"), ("Complete", "infeasible", "oom"), ("Complete", "ok", None)]
@@ -133,14 +111,14 @@ def test_notes_read_like_study_show_through_the_wsgi_app(recorded: Recorded, tmp
     assert "memory" in oom.split("```text")[1].lower()
     # A note a person edits in the dashboard is theirs: not overwritten, unless asked.
     tid = trials[0]["trial_id"]
-    status, _ = _wsgi_call(app, "PUT", f"/api/studies/{sid}/{tid}/note",
+    status, _ = wsgi_call(app, "PUT", f"/api/studies/{sid}/{tid}/note",
                            {"version": trials[0]["note"]["version"] + 1, "body": "my own note"})
     assert status.startswith(("200", "204")), status
     study = optuna.load_study(study_name=RECORDED, storage=rdb)
     assert write_notes(study) == 0
-    assert _api_trials(app, RECORDED)[1][0]["note"]["body"] == "my own note"
+    assert api_trials(app, RECORDED)[1][0]["note"]["body"] == "my own note"
     assert write_notes(study, overwrite=True) == 1
-    assert _api_trials(app, RECORDED)[1][0]["note"]["body"] == nccl
+    assert api_trials(app, RECORDED)[1][0]["note"]["body"] == nccl
 
 
 def test_constraints_are_stored_where_sampler_and_dashboard_read_them() -> None:

@@ -16,8 +16,6 @@ values first).
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -34,9 +32,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.store.record import read
 from autotune.util.net import free_port
-
-# tests/ is on sys.path (pytest's default "prepend" import mode), as for every module here.
-from tests.study.test_study import MFS, autotune, write_study
+from tests.helpers.cli import autotune, stop_group
+from tests.helpers.sim_study import MFS, write_study
 
 ALGO = {"type": "categorical", "choices": ["Ring", "Tree"], "env": "NCCL_ALGO", "default": "Ring"}
 TREE = {"NCCL_ALGO": "Tree"}  # crashes at start-up on the GLM-5 host: nccl-error
@@ -254,26 +251,15 @@ def test_dashboard_serves_the_studies(studies: Studies) -> None:
         outcomes = [{a["key"]: a["value"] for a in t["user_attrs"]}["outcome"] for t in detail["trials"]]
         assert outcomes == ["infeasible", "infeasible", "ok"]  # what the dashboard cannot show as constraints
     finally:
-        _stop(proc)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the process group, then SIGKILL if it has not gone after 10 s."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        stop_group(proc)
 
 
 def test_server_info_keeps_the_engine_version_past_its_size_limit() -> None:
     """SGLang's /get_server_info lists its ~550 server args, then ``version``: the stored info is
     cut at 4000 characters, but never without the version (the profile's provenance reads it)."""
-    from autotune.study.driver import _compact_info
+    from autotune.store.trial_result import compact_info
 
     body = {f"arg_{i}": f"value-{i}" for i in range(550)} | {"version": "0.5.23"}
-    info = _compact_info({"/get_server_info": body})
+    info = compact_info({"/get_server_info": body})
     assert info is not None and info["get_server_info.version"] == "0.5.23"
     assert len(info) < len(body)  # the rest is still cut

@@ -23,7 +23,8 @@ from rich.console import Console
 
 from autotune.store.record import read
 from autotune.config.study import StudyConfig
-from autotune.study.driver import Driver, StudyMismatchError
+from autotune.study.driver import Driver
+from autotune.study.identity import StudyMismatchError
 from autotune.execution.executors import make_runner
 from autotune.execution.hosts import LocalHost
 from autotune.bench.model_executor import ModelExecutor
@@ -31,13 +32,13 @@ from autotune.study.notes import note_for
 from autotune.config.objective import Objective
 from autotune.config.pareto import ChoiceRule, Goal, choose, dominates
 from autotune.study.progress import ConsoleReporter
-from autotune.execution.runner import TrialSpec
+from autotune.execution.trial import TrialSpec
 from autotune.search.samplers import TPE_STARTUP_TRIALS, CrashAwareTPESampler
 from autotune.execution.slots import Slot
 from autotune.config.space import SearchSpace
 from autotune.execution.stopping import StopRequest
 from autotune.store.study_view import best_view, trial_views
-from tests.cli.test_bad_inputs import run_in_process
+from tests.helpers.cli import run_in_process
 
 SCENARIO = "rtx6000-pcie-glm5"
 TRIALS = 14

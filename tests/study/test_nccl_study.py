@@ -10,9 +10,11 @@ import pytest
 import yaml
 
 from autotune.config.objective import Objective
-from tests.study.test_study import autotune
+from tests.helpers.cli import autotune
+from tests.needs import import_module
 
-pytest.importorskip("torch")
+import_module("torch", "an NCCL-only study (its benchmark runs torch.distributed, gloo on CPU)",
+              "pip install torch; .ci/run installs the CPU build")
 
 
 REPO = Path(__file__).resolve().parents[2]

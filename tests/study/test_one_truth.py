@@ -24,12 +24,12 @@ from typing import Any
 import optuna
 import pytest
 import yaml
-from tests.study.test_dashboard_notes import _api_trials, _wsgi_call
-from tests.execution.test_gpu_busy import TOTAL, UUID0, UUID1, StandIn
-from tests.profiles.test_report import browse, chromium
-from tests.study.test_study import autotune
 
 from autotune.store.record import Outcome, counts_text, read_all
+from tests.helpers.browser import browse, chromium
+from tests.helpers.cli import autotune, stop_group
+from tests.helpers.dashboard import api_trials, wsgi_call
+from tests.helpers.gpus import TOTAL, UUID0, UUID1, StandIn
 
 NAME = "truth"
 TINY = Path(__file__).resolve().parents[1] / "sim" / "tiny_scenario.yaml"
@@ -196,7 +196,7 @@ def test_the_dashboard_reads_the_same_record(study: Study) -> None:
     from autotune.store.storage import open_storage
 
     app = wsgi(open_storage(study.storage))
-    sid, trials = _api_trials(app, NAME)
+    sid, trials = api_trials(app, NAME)
     expected = _expected()
     states = {"ok": "Complete", "infeasible": "Complete", "skipped": "Complete", "stopped": "Pruned", "fault": "Fail"}
     for n, (outcome, kind, _, _) in expected.items():
@@ -207,7 +207,7 @@ def test_the_dashboard_reads_the_same_record(study: Study) -> None:
         head = f"### Trial {n}: {outcome}" + (f" ({kind})" if kind else "")
         assert t["note"]["body"].startswith(head), t["note"]["body"][:80]
     best = study.json("study", "best", NAME)
-    _, detail = _wsgi_call(app, "GET", f"/api/studies/{sid}")
+    _, detail = wsgi_call(app, "GET", f"/api/studies/{sid}")
     note = detail["note"]["body"]
     records = read_all(optuna.load_study(study_name=NAME, storage=study.storage))
     assert counts_text(records) in note
@@ -228,7 +228,6 @@ def test_the_dashboard_in_chromium_shows_the_chosen_best(study: Study) -> None:
     import sys
 
     import requests
-    from tests.study.test_driver_paths import _stop as stop_group
 
     from autotune.util.net import free_port, wait_http_ok
 

@@ -20,7 +20,7 @@ from autotune.execution.hosts import tagged_pids
 from autotune.study.lease import StudyLease, process_start_time
 from autotune.study.service import daemon_pid
 from autotune.store.storage import open_storage
-from tests.study.test_study import autotune
+from tests.helpers.cli import autotune
 
 NAME = "demo"  # the --demo study's name (autotune/config/demo.py)
 T = TypeVar("T")

@@ -22,50 +22,10 @@ from autotune.util.net import free_port, wait_http_ok
 from autotune.config.study import StudyConfig
 from autotune.bench.model_executor import ModelExecutor
 from autotune.config.objective import Objective
-from autotune.execution.runner import TrialSpec
+from autotune.execution.trial import TrialSpec
 from autotune.store.storage import open_storage
-
-SCENARIO = "rtx6000-pcie-glm5"
-SMALL_LOAD = {"load": {"concurrency": 32, "num_prompts": 64, "input_len": 64, "output_len": 16, "warmup_prompts": 2}}
-
-
-def autotune(*args: str, cwd: Path, timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "autotune", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"autotune {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-    return proc
-
-
-def write_study(tmp: Path, name: str, parameters: dict[str, Any], *, baseline: dict[str, Any] | None = None,
-                trials: int = 1, overrides: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> Path:
-    space = tmp / f"{name}-space.yaml"
-    space.write_text(yaml.safe_dump({"name": f"{name}-space", "parameters": parameters}))
-    cfg = tmp / f"{name}.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "name": name,
-        "target": {"engine": "sim", "scenario": SCENARIO, "ready_timeout_s": 60,
-                   # Fixed flags go in the template; SGLang's default request pool does not fit
-                   # the GLM-5 host's headroom at mem-fraction-static 0.92.
-                   "command": "{python} -m autotune.sim serve --scenario {scenario} --host {host} --port {port}"
-                              " --max-running-requests 128",
-                   "env": {"NCCL_IB_DISABLE": "1", **(env or {})}},
-        "space": str(space),
-        "objective": "quick",
-        "objective_overrides": overrides if overrides is not None else SMALL_LOAD,
-        "baseline": baseline or {},
-        "budget": {"trials": trials},
-        "storage": f"sqlite:///{tmp}/studies.db",
-        "seed": 1,
-    }))
-    return cfg
-
-
-def show(tmp: Path, name: str) -> dict[str, Any]:
-    return json.loads(autotune("study", "show", name, "--json", "--storage", f"sqlite:///{tmp}/studies.db", cwd=tmp).stdout)
-
-
-MFS = {"type": "float", "low": 0.5, "high": 0.95, "step": 0.01, "flag": "--mem-fraction-static", "default": 0.92}
-MIN_CH = {"type": "int", "low": 1, "high": 32, "env": "NCCL_MIN_NCHANNELS", "default": 8}
+from tests.helpers.cli import autotune, show
+from tests.helpers.sim_study import MFS, MIN_CH, SMALL_LOAD, write_study
 
 
 def test_a_feasible_trial_is_measured_and_recorded(tmp_path: Path) -> None:
@@ -186,7 +146,8 @@ def test_exported_sh_profile_starts_the_best_server(tmp_path: Path) -> None:
 
 BENCH_CLIENT = '''
 import json, sys
-from autotune.execution.loadgen import Workload, run_load_sync
+from autotune.execution.loadgen import run_load_sync
+from autotune.execution.workload import Workload
 r = run_load_sync(sys.argv[1], Workload(api="sglang", concurrency=16, num_prompts=32, input_len=32, output_len=8, warmup_prompts=0))
 json.dump({"tool": "test-bench", "result": {"tok_per_s": r.metrics["output_throughput"]}, "completed": r.completed}, open(sys.argv[2], "w"))
 '''

@@ -1,0 +1,99 @@
+"""Failed moves: probes and raises that failed, which later probes do not repeat.
+
+A probe or raise changes one parameter of a configuration that ran, so its failure is that
+change's, as far as one launch shows. :func:`failed_moves` reads them from a study;
+:func:`refused` tells whether a new probe repeats one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.trial import FrozenTrial
+
+from autotune.analysis.conditions import is_number
+from autotune.outcome.failures import MEMORY_KINDS
+from autotune.store.record import PROPOSED_ATTR, failed_kind
+
+
+@dataclass(frozen=True)
+class FailedMove:
+    """A probe or raise that failed: ``param`` moved alone from ``before`` (the value in the
+    configuration it moved from, which ran) to ``after``, and the launch failed with ``kind``."""
+
+    param: str
+    distribution: BaseDistribution
+    before: Any
+    after: Any
+    kind: str
+
+
+def failed_moves(finished: Sequence[FrozenTrial], search_space: Mapping[str, BaseDistribution]) -> list[FailedMove]:
+    """The study's failed probes and raises (:class:`FailedMove`), in trial order.
+
+    One parameter moved from a configuration that ran and the launch failed: the move caused the
+    failure, as far as one launch can show. Trials skipped as implied failures count (their
+    failure is known without a launch)."""
+    by_number = {t.number: t for t in finished}
+    out = []
+    for t in finished:
+        why = t.system_attrs.get(PROPOSED_ATTR)
+        kind = failed_kind(t)
+        if not kind or not isinstance(why, dict) or why.get("by") not in ("probe", "raise"):
+            continue
+        ref = by_number.get(why.get("around", why.get("after")))  # type: ignore[arg-type]
+        name = why.get("param")
+        if ref is None or name not in search_space or name not in t.params or name not in ref.params:
+            continue
+        out.append(FailedMove(name, search_space[name], ref.params[name], t.params[name], kind))
+    return out
+
+
+def refused(moves: Sequence[FailedMove], search_space: Mapping[str, BaseDistribution], name: str, value: Any,
+            current: Any) -> bool:
+    """Whether a probe moving ``name`` from ``current`` to ``value`` repeats a failed move.
+
+    - A memory failure (:data:`~autotune.outcome.failures.MEMORY_KINDS`) of an ordered parameter
+      (:func:`ordered`): any move the same way (memory is monotone in most launch parameters,
+      declared or not: the incumbent has no room that way).
+    - Another failure of a number: a move the same way to its value or beyond (a threshold: more
+      channels than the buffers allow).
+    - Another failure of an unordered choice (``NCCL_ALGO=Tree``), or a memory failure of one:
+      that choice.
+    """
+    dist = search_space[name]
+    for m in moves:
+        if m.param != name:
+            continue
+        if not ordered(dist):
+            if value == m.after:
+                return True
+            continue
+        way = _sign(_position(dist, m.after) - _position(dist, m.before))
+        if way == 0 or _sign(_position(dist, value) - _position(dist, current)) != way:
+            continue
+        if m.kind in MEMORY_KINDS or way * (_position(dist, value) - _position(dist, m.after)) >= 0:
+            return True
+    return False
+
+
+def ordered(dist: BaseDistribution) -> bool:
+    """A number, or a categorical with numeric choices (ordered as listed)."""
+    return not isinstance(dist, CategoricalDistribution) or any(is_number(c) for c in dist.choices)
+
+
+def _position(dist: BaseDistribution, value: Any) -> float:
+    """Where ``value`` lies in an ordered parameter's range (:func:`ordered`)."""
+    if isinstance(dist, CategoricalDistribution):
+        return float(dist.choices.index(value)) if value in dist.choices else -1.0
+    return float(value)
+
+
+def _sign(x: float) -> int:
+    return (x > 0) - (x < 0)
+
+
+__all__ = ["FailedMove", "failed_moves", "ordered", "refused"]
