@@ -62,7 +62,7 @@ app.command("dashboard")(service_commands.dashboard)
 
 def _parser_error(exc: Exception) -> NoReturn:
     """Exit as ``autotune`` does for an error of the command-line parser (typer's, which raises
-    :class:`typer.TyperException` subclasses, or click's): a bare group prints its help and
+    :class:`typer.TyperException` subclasses): a bare group prints its help and
     exits 0; any other prints one line, with the command's usage when it is a usage error."""
     ctx = getattr(exc, "ctx", None)  # a usage error has the context of the command it is about
     if type(exc).__name__ == "NoArgsIsHelpError":  # by name, as typer tells it apart (typer #1278)
@@ -72,16 +72,6 @@ def _parser_error(exc: Exception) -> NoReturn:
     usage = re.sub(r"\{([^{}]*)\}", r"\1", usage)  # typer writes a required argument as {NAME}
     fail(exc.format_message() + (f" (usage: {usage})" if usage else ""),  # type: ignore[attr-defined]
          getattr(exc, "exit_code", 2))
-
-
-def _parser_errors() -> tuple[type[Exception], ...]:
-    """The exceptions the parser raises: typer's own (typer >= 0.26 vendors click), and click's
-    where click is installed (typer < 0.26 raises them)."""
-    try:
-        import click
-    except ImportError:  # pragma: no cover - typer >= 0.26 does not need it
-        return (typer.TyperException,)
-    return (typer.TyperException, click.ClickException)
 
 
 def main() -> None:
@@ -101,7 +91,7 @@ def main() -> None:
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     try:
         rc = app(args=sys.argv[1:], prog_name="autotune", standalone_mode=False)
-    except _parser_errors() as exc:
+    except typer.TyperException as exc:  # typer >= 0.26 raises its vendored click's errors
         _parser_error(exc)
     except (typer.Abort, KeyboardInterrupt):
         sys.exit(130)  # Ctrl-C outside a study (a study handles its signals itself)

@@ -14,16 +14,16 @@ def _main() -> None:
         from autotune.sim.server import main
 
         sys.exit(main(sys.argv[2:]))
-    import click
+    import typer
 
     from autotune.sim.cli import app
 
     try:
         rc = app(standalone_mode=False, prog_name="python -m autotune.sim")
-    except click.exceptions.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
+    except typer.TyperException as exc:  # what typer's parser raises (typer >= 0.26 vendors click)
+        exc.show()  # type: ignore[attr-defined]
+        sys.exit(getattr(exc, "exit_code", 2))
+    except KeyboardInterrupt:
         sys.exit(130)
     sys.exit(rc if isinstance(rc, int) else 0)
 

@@ -51,3 +51,10 @@ def test_predict_bad_input_is_one_line_exit_2() -> None:
     proc = subprocess.run([sys.executable, "-m", "autotune.sim", "predict", "--scenario", "nope"],
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and proc.stderr.startswith("autotune sim: error: scenario nope:")
+
+
+def test_an_unknown_option_is_a_usage_error_not_a_traceback() -> None:
+    proc = subprocess.run([sys.executable, "-m", "autotune.sim", "predict", "--bogus"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "No such option: --bogus" in proc.stderr and "Traceback" not in proc.stderr
