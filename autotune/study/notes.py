@@ -51,7 +51,7 @@ _OUTCOME_WORDS = {
 }
 _STATE_WORDS = {
     "COMPLETE": ("Optuna records an infeasible trial as *Complete* with its constraint `failure` > 0 (the dashboard's "
-                 "plots show it as *Infeasible*); its value is a placeholder below every measured one, not a measurement."),
+                 "plots show it as *Infeasible*); its value is a placeholder just below every value measured before it, not a measurement."),
     "PRUNED": "Optuna records an infeasible trial of an earlier version as *Pruned*: it was not stopped early.",
     "FAIL": "Optuna records a fault as *Fail*: it teaches the sampler nothing and the parameters are run again.",
 }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -244,9 +245,10 @@ def test_a_missing_engine_module_is_engine_missing(bare_python: str, argv: list[
 
 
 @pytest.mark.parametrize("shell", [["bash", "-c"], ["sh", "-c"], ["env"]])
-def test_a_missing_console_script_is_engine_missing(shell: list[str]) -> None:
-    proc = subprocess.run([*shell, "vllm serve x" if shell[0] != "env" else "vllm"], capture_output=True,
-                          text=True, timeout=30)
+def test_a_missing_console_script_is_engine_missing(shell: list[str], tmp_path: Path) -> None:
+    # a PATH of one empty folder: a vllm installed on this machine must not answer
+    argv = [shutil.which(shell[0]) or shell[0], *shell[1:], "vllm serve x" if shell[0] != "env" else "vllm"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, env={"PATH": str(tmp_path)})
     assert proc.returncode == 127
     assert _kind(proc.stderr) == "engine-missing", proc.stderr
 
