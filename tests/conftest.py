@@ -14,6 +14,7 @@ nodes, Chromium) takes a free port and a folder of its own, so that workers neve
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterator
 
@@ -21,6 +22,10 @@ import pytest
 
 from tests.helpers.sim_study import record_study
 from tests.helpers.sshd import Sshd, new_sshd
+
+# The command line's consoles take COLUMNS (else 80) off a terminal: tests read its lines whole, so
+# the processes they start get a wide one; the width tests set their own.
+os.environ["COLUMNS"] = "200"
 
 
 @pytest.fixture(scope="session")

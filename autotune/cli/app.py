@@ -21,13 +21,15 @@ from typing import NoReturn
 
 import typer
 
-from autotune.cli import profile_commands, service_commands, show_commands, study_commands
+from autotune.cli import init_command, profile_commands, service_commands, show_commands, study_commands
 from autotune.cli.common import fail, set_user_umask
 from autotune.errors import ConfigError, UsageError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Find the best launch configuration of an LLM inference server, by experiment.")
-study_app = typer.Typer(no_args_is_help=True, help="Run and inspect tuning studies.")
+app.command("init", short_help="Write a starter study config for your own vLLM, SGLang or transformers server.")(
+    init_command.init)
+study_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Run and inspect tuning studies.")
 app.add_typer(study_app, name="study")
 
 study_app.command("start")(study_commands.study_start)

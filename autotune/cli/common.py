@@ -4,7 +4,8 @@ Contracts:
 
 - ``out`` (stdout) carries what a command answers; ``err`` (stderr) its progress and notes.
   Callers print user data with ``markup=False``: a name or a value is never read as rich markup.
-  Off a terminal both are 150 columns wide, so a piped line is not wrapped at 80.
+  Their width is the terminal's; off a terminal, ``COLUMNS`` or else 80 (rich's own rule), so a
+  piped table fits the width a user asks for. One-line messages are printed with ``soft_wrap``.
 - :func:`fail` prints ``autotune: error: MESSAGE`` (:data:`autotune.errors.ERROR_PREFIX`) as one
   line on stderr and exits with the code given (2: bad input).
 - :func:`user_umask` is the umask the user ran ``autotune`` with, which the servers it launches
@@ -28,8 +29,7 @@ NameArg = typer.Argument(..., metavar="NAME", help="The study name.")
 
 
 def _console(stderr: bool = False) -> Console:
-    probe = Console(stderr=stderr)
-    return probe if probe.is_terminal else Console(stderr=stderr, width=150)
+    return Console(stderr=stderr)
 
 
 out = _console()

@@ -5,8 +5,11 @@ Contracts:
 - ``export`` writes the launch profile of the best trial (of a multi-objective study: the one the
   rule, or ``--choose``, picks; ``--trial N``: that one) in ``--format`` sh, env, yaml or json,
   to stdout or ``-o FILE`` (written whole, mode 0600, 0700 for ``sh``); memory back-offs are
-  told on stderr. The output path is checked before anything is read.
-- ``verify`` launches a profile on this machine: exit 0 within the tolerance, 1 worse or failed.
+  told on stderr. The output path is checked before anything is read (:mod:`autotune.util.files`:
+  only a regular file is written or created; a device, a FIFO, a folder or a name ending in ``/``
+  is refused, as for ``report -o``).
+- ``verify`` launches a profile on this machine: exit 0 within the tolerance, 1 worse or failed;
+  a profile that is not a regular file (a FIFO, ``/dev/zero``) or over 4 MiB is refused unread.
 - ``report`` writes one self-contained HTML page (:mod:`autotune.profiles.report`).
 """
 
@@ -28,7 +31,8 @@ from autotune.profiles.memory import DEFAULT_MEMORY_MARGIN
 def export(
     name: str,
     fmt: str = typer.Option(..., "--format", "-f", help="sh | env | yaml | json"),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write to this file (default: stdout)."),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="Write to this file (default: stdout); a "
+                                         "regular file only, written whole."),
     storage: str = StorageOpt,
     port: Optional[int] = typer.Option(None, "--port", help="Port in the profile (default: the engine's)."),
     python: Optional[str] = typer.Option(None, "--python", metavar="PATH",
@@ -48,7 +52,8 @@ def export(
     trial of its Pareto front that the objective's rule, or --choose, picks)."""
     from autotune.profiles.export import from_study
     from autotune.profiles.formats import FORMATS, render
-    from autotune.profiles.writing import FILE_MODE, SH_MODE, check_output, write_profile
+    from autotune.profiles.writing import FILE_MODE, SH_MODE
+    from autotune.util.files import check_output, write_whole
     from autotune.config.pareto import ChoiceRule
     from autotune.store.study_view import choice_rule, load_study
 
@@ -78,7 +83,7 @@ def export(
     if output is None:
         sys.stdout.write(text)
     else:
-        write_profile(output, text, SH_MODE if fmt == "sh" else FILE_MODE)
+        write_whole(output, text, SH_MODE if fmt == "sh" else FILE_MODE)
         chosen = f"; chosen: {prof['choice']['text']}" if prof.get("choice") else ""
         _err.print(f"wrote {output} (trial {best.number}, {prof['metric']}={prof['value']:.4g}{chosen})",
                    markup=False, highlight=False, soft_wrap=True)
@@ -104,7 +109,10 @@ def verify(
     """
     from autotune.profiles.verify import verify as verify_profile
     from autotune.profiles.verify import verify_lines
+    from autotune.util.files import check_input
+    from autotune.util.yaml_files import MAX_FILE_BYTES
 
+    check_input(profile_path, "profile", MAX_FILE_BYTES)  # a FIFO or a device would hang or never end
     doc = verify_profile(profile_path, repeats=repeats, timeout_s=timeout, python=python, tolerance=tolerance,
                          child_umask=user_umask(),
                          say=lambda line: _err.print(line, markup=False, highlight=False, soft_wrap=True))
@@ -119,15 +127,16 @@ def verify(
 
 def report(
     name: str = NameArg,
-    output: Path = typer.Option(..., "-o", "--output", help="The HTML file to write."),
+    output: str = typer.Option(..., "-o", "--output", help="The HTML file to write (a regular file only)."),
     storage: str = StorageOpt,
 ) -> None:
     """One self-contained HTML page: history, importances, feasibility, crash rules, ablation, best profile."""
-    from autotune.profiles.writing import FILE_MODE, check_output, write_profile
+    from autotune.profiles.writing import FILE_MODE
+    from autotune.util.files import check_output, write_whole
     from autotune.profiles.report import build_report
     from autotune.store.study_view import load_study
 
     check_output(output)  # before anything is read or rendered
     page = build_report(load_study(name, storage), storage)
-    write_profile(output, page, FILE_MODE)
+    write_whole(output, page, FILE_MODE)
     _err.print(f"wrote {output} ({len(page.encode()) // 1024} KiB)", markup=False, highlight=False)

@@ -7,10 +7,16 @@ Contracts:
 - ``stop`` asks the driver that holds the lease to stop and waits up to ``--timeout`` seconds:
   exit 0 once it stopped (its interrupted trials run again on resume), 1 if it still runs.
 - ``dashboard`` serves optuna-dashboard over an opened storage (tables created), with the trials'
-  logs as artifacts and every trial's note written first.
+  logs as artifacts and every trial's note written first. Before anything is created it checks
+  that it can listen: a ``--host`` that is not an address of this machine is bad input (exit 2);
+  a port another process holds is a fault of the machine's state, not of the input (exit 1).
 """
 
 from __future__ import annotations
+
+import errno
+import socket
+import textwrap
 
 import typer
 
@@ -31,8 +37,11 @@ def study_status(name: str = NameArg, storage: str = StorageOpt, as_json: bool =
     if as_json:
         print_json(doc)
         return
-    for line in service.status_lines(doc):
-        _out.print(line, markup=False, highlight=False, soft_wrap=True)
+    for line in service.status_lines(doc):  # wrapped between words, never inside a name
+        lead = " " * (len(line) - len(line.lstrip()))
+        _out.print(textwrap.fill(line, width=max(_out.width, 40), subsequent_indent=lead + "    ",
+                                 break_long_words=False, break_on_hyphens=False),
+                   markup=False, highlight=False, soft_wrap=True)
 
 
 def study_stop(name: str = NameArg, storage: str = StorageOpt,
@@ -80,6 +89,7 @@ def dashboard(storage: str = StorageOpt, host: str = typer.Option("127.0.0.1", "
         raise UsageError(f"--port {port}: expected a port number between 1 and 65535")
     if not host.strip():
         raise UsageError("--host: expected an address to listen on, e.g. 127.0.0.1")
+    _check_listen(host, port)
     check_storage(storage)  # before anything is created
     store_dir = artifact_dir(storage)
     store_dir.mkdir(parents=True, exist_ok=True)
@@ -91,4 +101,33 @@ def dashboard(storage: str = StorageOpt, host: str = typer.Option("127.0.0.1", "
     written = write_all_notes(rdb)  # trials recorded before notes were written read like `study show` too
     _err.print(f"optuna-dashboard on http://{host}:{port}/ (storage {storage}"
                + (f"; {written} trial notes written)" if written else ")"), markup=False, soft_wrap=True)
-    run_server(rdb, host=host, port=port, artifact_store=FileSystemArtifactStore(str(store_dir)))
+    try:
+        run_server(rdb, host=host, port=port, artifact_store=FileSystemArtifactStore(str(store_dir)))
+    except OSError as exc:  # taken since _check_listen looked
+        fail(f"dashboard on {host}:{port}: cannot listen: {exc.strerror or exc}", 1)
+
+
+def _check_listen(host: str, port: int) -> None:
+    """Bind ``host:port`` as the dashboard's server will (address reuse on) and let it go.
+
+    Raises:
+        UsageError: ``host`` is not a name or address of this machine (exit 2).
+        SystemExit: 1 when the port is in use (one line by :func:`fail`).
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise UsageError(f"--host {host}: not a name or address to listen on "
+                         f"({getattr(exc, 'strerror', None) or exc})") from None
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                fail(f"--port {port}: already in use on {host} (another process listens there); "
+                     "give another --port", 1)
+            if exc.errno == errno.EACCES:
+                fail(f"--port {port}: not allowed to listen on it ({exc.strerror}); give a port above 1023", 1)
+            raise UsageError(f"--host {host}: cannot listen there: {exc.strerror or exc}") from None

@@ -27,6 +27,7 @@ from autotune.store.record import Outcome, counts, objective_metric
 from autotune.store.storage import has_studies, open_storage
 from autotune.util.text import counted
 from autotune.util.units import unit_of, with_unit
+from autotune.util.versus import versus_text
 
 
 def _print_best(study: Any, metric: str, *, brief: bool = False) -> None:
@@ -49,9 +50,10 @@ def _print_best(study: Any, metric: str, *, brief: bool = False) -> None:
     if best.baseline:
         vs = " (the baseline)"
     elif base and base[0].value:
-        vs = f" ({best.value / base[0].value:.2f}x the baseline's {with_unit(base[0].value, metric)})"  # type: ignore[operator]
+        change = versus_text(best.value, base[0].value, study.direction.name == "MAXIMIZE")
+        vs = f" (baseline {with_unit(base[0].value, metric)}: {change})"
     # Names and values are user data: printed as text, never read as rich markup.
-    _out.print(f"best: trial {best.number} {metric}={with_unit(best.value, metric)}{vs}", markup=False)
+    _out.print(f"best: trial {best.number} {metric}={with_unit(best.value, metric)}{vs}", markup=False, soft_wrap=True)
     m = best.measured
     if m is not None and m.first_excluded:
         _print_item(backing_text(m))

@@ -5,8 +5,9 @@ Contracts:
 - Each builds the study through :mod:`autotune.study.build` (the one place that does) and runs
   its driver in this process; ``start --detach`` runs this very command, less ``--detach``, as a
   daemon (:mod:`autotune.study.service`) once the config and the storage passed their checks.
-- ``resume`` and ``ablate`` run a stored study with the config it was started with, its secrets
-  taken from the environment (a secret not set: :class:`~autotune.errors.UsageError`).
+- ``resume`` and ``ablate`` run a stored study with the config it was started with (``--trials``
+  of ``start`` included), its secrets taken from the environment (a secret not set:
+  :class:`~autotune.errors.UsageError`); ``resume --trials`` overrides the budget for that run.
 - Exit codes: 0 done; 1 a broken host or a storage error (what was recorded stays; ``resume``
   continues); a stop request's own code; 2 bad input (one line).
 """
@@ -17,6 +18,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
+import optuna
 import sqlalchemy.exc
 import typer
 
@@ -42,6 +44,8 @@ def study_start(
     baseline_from: Optional[str] = typer.Option(None, "--baseline-from", metavar="STUDY[@STORAGE]",
                                                 help="Use the best trial of another study as the baseline."),
     detach: bool = typer.Option(False, "--detach", help="Run it in the background (a local daemon) and return."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check the config and the hosts, print the baseline's "
+                                 "command line and env, and stop: nothing launched or recorded."),
 ) -> None:
     """Start a study (or continue the one of the same name)."""
     from autotune.config.demo import DEMO_CONFIG
@@ -56,6 +60,8 @@ def study_start(
         overrides["storage"] = storage
     if seed is not None:
         overrides["seed"] = seed
+    if trials is not None:  # stored with the config: a resume keeps it (unless given its own --trials)
+        overrides["budget"] = {**cfg.budget.model_dump(), "trials": trials}
     if baseline_from is not None:
         # STUDY@STORAGE splits at the '@' that starts a URL: a study name may hold '@' itself.
         m = re.fullmatch(r"([^@].*?)(?:@([A-Za-z][\w+.-]*://.*))?", baseline_from)
@@ -71,10 +77,59 @@ def study_start(
     if address is not None and cfg.executor != "ray":
         raise UsageError("--address is for the Ray executor: add --executor ray")
     check_storage(cfg.storage)  # before anything is created
+    if dry_run:
+        _dry_run(cfg, trials)
+        return
     if detach:  # this very command, less --detach, as a daemon (autotune.study.service)
         _start_detached(cfg, _options(ctx))
         return
     _run_study(cfg, trials)
+
+
+def _dry_run(cfg: StudyConfig, trials: int | None) -> None:
+    """``study start --dry-run``: the preflight, then the baseline's launch and the study's plan."""
+    import shlex
+
+    from autotune.execution.host_factory import make_hosts
+    from autotune.study import build, dry_run
+
+    plan = build.plan(cfg, baseline_from=_baseline_from)
+    hosts = make_hosts(plan.config.target, child_umask=user_umask())
+    try:
+        _preflight(plan, hosts)
+        launch = dry_run.baseline_launch(plan, hosts)
+    finally:
+        for host in hosts.values():
+            host.close()
+    if launch is None:
+        _out.print(f"study {cfg.name}: engine {cfg.target.engine} runs no server; each trial runs the objective's "
+                   "benchmark command", markup=False, soft_wrap=True)
+    else:
+        _out.print(f"study {cfg.name}: the baseline (the first trial) on {launch.slot}:", markup=False, soft_wrap=True)
+        for key, value in launch.env.items():
+            _out.print(f"  {key}={shlex.quote(value)}", markup=False, soft_wrap=True)
+        _out.print("  " + shlex.join(launch.argv), markup=False, soft_wrap=True)
+        if "{port}" in launch.argv:
+            _out.print("  ({port}: a free port, picked at launch)", markup=False)
+    for line in dry_run.describe(plan, trials):
+        _out.print(line, markup=False, soft_wrap=True)
+    _out.print("dry run: nothing launched, nothing recorded", markup=False)
+
+
+def _preflight(plan: Any, hosts: dict[str, Any]) -> None:
+    """The preflight (:func:`autotune.engines.preflight.preflight`: one line and exit 2 for an
+    environment no trial can run in), what it found, and a note on GPUs others hold."""
+    from autotune.engines.preflight import preflight
+    from autotune.execution.gpu_check import busy_note
+    from autotune.execution.provenance import runner_for
+
+    target = plan.config.target
+    for line in preflight(plan.config, hosts, plan.objective):
+        _err.print(line, markup=False, soft_wrap=True)
+    for name, host in hosts.items():
+        note = busy_note(runner_for(host), target.env, name, target.gpu_busy_wait_s)
+        if note is not None:
+            _err.print(note, style="yellow", markup=False, soft_wrap=True)
 
 
 def study_resume(name: str = NameArg, storage: str = StorageOpt,
@@ -82,7 +137,36 @@ def study_resume(name: str = NameArg, storage: str = StorageOpt,
     """Continue a stored study with the config it was started with."""
     from autotune.store.study_view import load_study
 
-    _run_study(_stored_config(load_study(name, storage), storage), trials)
+    study = load_study(name, storage)
+    try:
+        cfg = _stored_config(study, storage)
+    except UsageError:  # e.g. a secret not set: refused, but no server of a dead driver is left running
+        _tear_down_left(study, storage)
+        raise
+    _run_study(cfg, trials)
+
+
+def _tear_down_left(study: Any, storage: str) -> None:
+    """Kill the servers dead drivers left of ``study`` (nothing written; nothing done while a live
+    driver owns it), with the stored target's hosts; best effort: a refusal stays one line."""
+    from autotune.config.study import TargetConfig
+    from autotune.study.leftovers import Leftovers
+    from autotune.study.service import live_owner
+
+    data = (study.user_attrs.get("config") or {}).get("target") or {}
+    try:
+        if live_owner(storage, study.study_name) is not None:
+            return
+        try:
+            target = TargetConfig.model_validate(data)
+        except ValueError:  # a config this version rejects: its hosts with the default SSH options
+            target = TargetConfig.model_construct(hosts=list(data.get("hosts") or ["local"]))
+        leftovers = Leftovers(target, {})
+        leftovers.tear_down(study)
+        for host in leftovers.hosts.values():
+            host.close()
+    except Exception:  # noqa: BLE001 - the refusal is what the user sees; a resume with it set cleans up
+        pass
 
 
 def _options(ctx: typer.Context) -> list[str]:
@@ -166,7 +250,6 @@ def _with_secrets(data: dict[str, Any], name: str) -> dict[str, Any]:
 def _run_study(cfg: StudyConfig, trials: int | None, *, show_best: bool = True) -> None:
     from autotune.study import build
     from autotune.study.driver import HostBrokenError
-    from autotune.engines.preflight import preflight
     from autotune.execution.host_factory import make_hosts
     from autotune.study.progress import ConsoleReporter
     from autotune.execution.stopping import StopRequest
@@ -175,22 +258,26 @@ def _run_study(cfg: StudyConfig, trials: int | None, *, show_best: bool = True) 
     cfg, objective = plan.config, plan.objective
     stop = StopRequest()
     hosts = make_hosts(cfg.target, child_umask=user_umask())
-    preflight(cfg, hosts)  # an engine that cannot start at all: one line, exit 2, before any trial
+    _preflight(plan, hosts)  # an environment no trial can run in: one line, exit 2, before any trial
     executor = build.executor(plan, hosts, stop=stop, child_umask=user_umask())
     reporter = ConsoleReporter(_err, metric=objective.metric,
-                               objectives=[g.metric for g in objective.goals] if objective.multi else ())
+                               objectives=[g.metric for g in objective.goals] if objective.multi else (),
+                               baseline=plan.space.to_launch(plan.space.complete(cfg.baseline)).applied)
     driver = build.driver(plan, executor, reporter=reporter, trials=trials, stop=stop, hosts=hosts)
     try:
         run = driver.run()
     except HostBrokenError as exc:
         _err.print(str(exc), style="red", markup=False, soft_wrap=True)  # one line, however long
         raise typer.Exit(1) from None
-    except sqlalchemy.exc.SQLAlchemyError as exc:
-        # Locked for longer than the storage waits, or its disk is full: what was recorded stays.
-        orig = getattr(exc, "orig", None) or exc
-        _err.print(f"storage error, study stopped: {str(orig).splitlines()[0] if str(orig) else type(orig).__name__}; "
-                   f"`autotune study resume {cfg.name}` continues", style="red", markup=False)
-        raise typer.Exit(1) from None
+    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as exc:
+        # Locked for longer than the storage waits, its disk full, the file read-only or deleted:
+        # the running trials were torn down, and what was recorded stays (RUNNING trials included,
+        # which a resume recovers).
+        cause = exc.__cause__ if isinstance(exc, optuna.exceptions.StorageInternalError) and exc.__cause__ else exc
+        orig = getattr(cause, "orig", None) or cause
+        fail(f"storage error, study stopped (its running trials torn down): "
+             f"{str(orig).splitlines()[0] if str(orig) else type(orig).__name__}; "
+             f"`autotune study resume {cfg.name}` continues once the storage can be written", 1)
     finally:
         build.close(driver)
     if stop.requested:

@@ -257,6 +257,12 @@ class Redactor:
         pattern = re.compile("|".join(re.escape(v) for v in sorted(values, key=len, reverse=True)))
         return pattern.sub(lambda m: reference(values[m.group(0)]), text)
 
+    def replacements(self) -> dict[str, str]:
+        """Each learnt value of at least :data:`MIN_TEXT_SECRET` characters -> its reference
+        text, as :meth:`text` replaces them (for :class:`StreamRedactor`)."""
+        named = {**self._ambient, **self._value_of}
+        return {v: reference(n) for n, v in sorted(named.items(), reverse=True) if len(v) >= MIN_TEXT_SECRET}
+
     def file(self, path: str | os.PathLike[str]) -> None:
         """Redact a file (a trial log) in place with :meth:`text`, leaving it mode 0600. Bytes
         that are not UTF-8 are kept as they are. A missing file is left missing."""
@@ -278,6 +284,56 @@ class Redactor:
         :func:`shlex.join`, so ``shlex.split`` of the result gives the redacted words."""
         words, _ = self.argv(shlex.split(command))
         return shlex.join(self.text(w) for w in words)
+
+
+class StreamRedactor:
+    """Redacts a byte stream that arrives in chunks (a server's output on its way to its log), as
+    :meth:`Redactor.text` would redact the whole of it.
+
+    Contract: the concatenation of every :meth:`feed` result and :meth:`end` equals the whole
+    stream with each value of :meth:`Redactor.replacements` replaced, whatever the chunking; no
+    result holds a value or the start of one cut by a chunk's end (such a tail is held back, and
+    only such a tail: text without secrets passes at once).
+    """
+
+    def __init__(self, redactor: Redactor) -> None:
+        self._swap = {v.encode("utf-8", errors="surrogateescape"): r.encode() for v, r in redactor.replacements().items()}
+        values = sorted(self._swap, key=len, reverse=True)
+        self._pattern = re.compile(b"|".join(re.escape(v) for v in values)) if values else None
+        self._held = b""
+
+    def _sub(self, data: bytes) -> bytes:
+        assert self._pattern is not None
+        return self._pattern.sub(lambda m: self._swap[m.group(0)], data)
+
+    def _open_tail(self, data: bytes) -> int:
+        """The length of the longest end of ``data`` that starts a value without holding all of it."""
+        longest = max(len(v) for v in self._swap) - 1
+        for n in range(min(longest, len(data)), 0, -1):
+            tail = data[-n:]
+            if any(len(v) > n and v.startswith(tail) for v in self._swap):
+                return n
+        return 0
+
+    def feed(self, chunk: bytes) -> bytes:
+        """What of the stream so far can be written now, redacted."""
+        if self._pattern is None:
+            return chunk
+        data = self._held + chunk
+        cut = len(data) - self._open_tail(data)
+        for m in self._pattern.finditer(data):  # never cut through a whole value
+            if m.start() >= cut:
+                break
+            if m.end() > cut:
+                cut = m.start()
+                break
+        self._held = data[cut:]
+        return self._sub(data[:cut])
+
+    def end(self) -> bytes:
+        """The rest of the stream (it has ended), redacted."""
+        data, self._held = self._held, b""
+        return self._sub(data) if self._pattern is not None and data else data
 
 
 # -- references back to values ---------------------------------------------------------------

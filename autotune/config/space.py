@@ -175,6 +175,11 @@ class Parameter(BaseModel):
                 raise ValueError("type categorical needs a non-empty 'choices' list")
             if len(set(map(repr, self.choices))) != len(self.choices):
                 raise ValueError("'choices' has duplicates")
+            for i, first in enumerate(self.choices):  # Optuna finds a choice by ==: 1, 1.0 and true are one
+                same = next((c for c in self.choices[i + 1:] if c == first), None)
+                if same is not None:
+                    raise ValueError(f"'choices' {_yaml_word(first)} and {_yaml_word(same)} are equal as values "
+                                     "(a study could not tell them apart); keep one, or quote them as text")
         else:
             if self.choices is not None or self.low is not None or self.high is not None:
                 raise ValueError("type bool takes no range or choices")
@@ -495,6 +500,13 @@ def _scalar_or_none(value: Any) -> Any:
     if problem:
         raise ValueError(problem)
     return value
+
+
+def _yaml_word(v: Any) -> str:
+    """A choice as YAML writes it: ``true``, ``1.0``, ``'1'``."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return repr(v)
 
 
 def _fmt(x: float) -> str:

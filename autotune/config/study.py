@@ -22,7 +22,9 @@ Example::
     storage: sqlite:///autotune.db
 
 Every problem is reported as a :class:`~autotune.errors.ConfigError` whose message is one line
-naming the file and the key.
+naming the file and the key. Types are strict, nothing is coerced: an integer key takes an integer
+(``trials: 1``, not ``true``, ``'1'`` or ``1.0``), a flag ``true``/``false``, a text key text; a
+number key takes an integer too (``ready_timeout_s: 30``).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class SSHConfig(BaseModel):
     ``python`` the remote interpreter that fills ``{python}``.
     """
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     key_filename: str | None = None
     known_hosts: str | None = None
@@ -109,7 +111,7 @@ class TargetConfig(BaseModel):
     runs every trial on the first host.
     """
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     engine: Engine = "sim"
     scenario: str | None = None
@@ -235,7 +237,7 @@ class RayConfig(BaseModel):
     ``slot-unavailable`` fault and the slot is quarantined.
     """
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     address: str | None = Field(default=None, min_length=1)
     schedule_timeout_s: float = Field(default=120.0, gt=0)
@@ -246,7 +248,7 @@ class ConfirmConfig(BaseModel):
     has ``measurements`` measurements (:mod:`autotune.study.confirmation`); ``candidates: 0`` turns
     it off."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     candidates: int = Field(default=3, ge=0, le=100)
     measurements: int = Field(default=3, ge=2, le=100)
@@ -256,7 +258,7 @@ class BudgetConfig(BaseModel):
     """When a study stops: after ``trials`` finished trials or ``hours`` of trial time, in total;
     the last of the ``trials`` confirm the best configurations (``confirm``)."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     trials: int | None = Field(default=40, gt=0)
     hours: float | None = Field(default=None, gt=0)
@@ -266,7 +268,7 @@ class BudgetConfig(BaseModel):
 class BaselineFrom(BaseModel):
     """Take the baseline from the best trial of another study (e.g. an NCCL-only study)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     study: str = Field(min_length=1)
     storage: str | None = None
@@ -275,7 +277,7 @@ class BaselineFrom(BaseModel):
 class StudyConfig(BaseModel):
     """A whole study: target, space, objective, baseline, budget and storage."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][\w.@+-]*$")
     target: TargetConfig

@@ -207,3 +207,13 @@ def describe(holders: Sequence[Holder]) -> str:
         parts.append(f"GPU {index} holds {gib(total)} in processes autotune did not start: "
                      + ", ".join(h.describe() for h in here))
     return "; ".join(parts)
+
+
+def busy_note(run: Runner, env: Mapping[str, str], where: str, wait_s: float) -> str | None:
+    """A line for the console when the GPUs ``env`` gives a server (``CUDA_VISIBLE_DEVICES``) on
+    the host ``run`` reaches are held by processes autotune did not start; None when they are free."""
+    holders = foreign_holders(run, visible_gpus(env))
+    if not holders:
+        return None
+    return (f"note: on {where}, {describe(holders)}; each launch waits up to {wait_s:g} s for them "
+            "(target.gpu_busy_wait_s), then records a gpu-busy fault, not the configuration's")

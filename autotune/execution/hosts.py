@@ -8,6 +8,11 @@ grace period, then SIGKILL, and checks that the port is free again before the ne
 start. The tag is recorded with the trial, so a driver that died is cleaned up after by the next
 one (:meth:`Host.kill_tagged`), even when ``/proc/PID/cmdline`` was rewritten by a script.
 
+With a :class:`~autotune.config.secrets.StreamRedactor` (``redact``; hosts whose
+:attr:`Host.redacts_logs` is true), a local server's output reaches its log through a pipe and a
+relay thread that redacts it as it is written: no secret value is ever on disk, whenever this
+process dies (the server then writes to a pipe nobody reads).
+
 ``SSHHost`` (:mod:`autotune.execution.sshhost`) does the same on another machine over SSH;
 :func:`~autotune.execution.host_factory.make_host` turns a config spelling (``local``,
 ``ssh://user@host:port``) into one host object per host.
@@ -23,10 +28,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import IO, Callable, Iterable, Mapping, Sequence
 
+from autotune.config.secrets import StreamRedactor
 from autotune.util.net import free_port
 from autotune.util.polling import polling, wait_until
 from autotune.util.folders import ensure_writable
@@ -102,13 +109,17 @@ class Host(abc.ABC):
     python: str = sys.executable
     bind_address: str = "127.0.0.1"
     remote: bool = False
+    redacts_logs: bool = False
+    """Whether :meth:`launch` takes ``redact`` (a stream redactor the output passes through)."""
 
     @abc.abstractmethod
     def launch(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path, *, cwd: Path | None = None,
                port: int | None = None) -> ServerProcess:
         """Start ``argv`` with ``env`` added to the host's environment; output goes to ``log_path``
         (a local file, growing while the server runs). ``port``: the port the server will listen
-        on, if it is a server (a remote host releases its tunnel to it at teardown)."""
+        on, if it is a server (a remote host releases its tunnel to it at teardown). A host whose
+        :attr:`redacts_logs` is true also takes ``redact``, a
+        :class:`~autotune.config.secrets.StreamRedactor` the output passes through."""
 
     def endpoint(self, port: int) -> tuple[str, int]:
         """Where a client here connects to reach the server listening on ``port`` of this host."""
@@ -150,15 +161,58 @@ class Host(abc.ABC):
             raise HostFault("port-busy", f"port {port} on {self.name} still in use {timeout_s:.0f}s after teardown")
 
 
+RELAY_DRAIN_S = 2.0
+"""How long a dead server's relay may take to write what is left of its output to the log."""
+
+
+class _LogRelay(threading.Thread):
+    """Copies a server's output from a pipe to its log, redacted on the way (the file is 0600
+    as every file the tool writes, under its umask)."""
+
+    def __init__(self, pipe: IO[bytes], log_path: Path, redact: StreamRedactor) -> None:
+        super().__init__(name=f"log-relay-{log_path.name}", daemon=True)
+        self.pipe, self.log_path, self.redact = pipe, log_path, redact
+
+    def run(self) -> None:
+        log: IO[bytes] | None = None
+        with self.pipe:
+            try:
+                log = open(self.log_path, "ab", buffering=0)
+            except OSError:
+                pass
+            while True:
+                try:
+                    chunk = os.read(self.pipe.fileno(), 65536)
+                except OSError:
+                    break
+                clean = self.redact.feed(chunk) if chunk else self.redact.end()
+                try:
+                    if log is not None:
+                        log.write(clean)
+                except OSError:  # the log's disk is full or gone: the output is dropped, never raw,
+                    log.close()  # and the pipe still drained, so the server never blocks on it
+                    log = None
+                if not chunk:
+                    break
+        if log is not None:
+            log.close()
+
+
 class _LocalProcess(ServerProcess):
-    def __init__(self, popen: subprocess.Popen[bytes], log_path: Path, tag: str) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes], log_path: Path, tag: str,
+                 relay: _LogRelay | None = None) -> None:
         self._popen = popen
         self.log_path = log_path
         self.tag = tag
         self.pgid = popen.pid  # start_new_session=True: the child leads its own group
+        self._relay = relay
 
     def poll(self) -> int | None:
-        return self._popen.poll()
+        code = self._popen.poll()
+        if code is not None and self._relay is not None:
+            self._relay.join(RELAY_DRAIN_S)  # its last words in the log before anyone reads them
+            self._relay = None
+        return code
 
     def niceness(self) -> int | None:
         try:
@@ -186,10 +240,13 @@ class _LocalProcess(ServerProcess):
             self._popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        self.poll()
 
 
 class LocalHost(Host):
     """This machine; servers listen on 127.0.0.1 unless the command says otherwise."""
+
+    redacts_logs = True
 
     def __init__(self, address: str = "127.0.0.1", *, child_umask: int | None = None) -> None:
         self.name = "local"
@@ -199,7 +256,7 @@ class LocalHost(Host):
         self.child_umask = -1 if child_umask is None else child_umask
 
     def launch(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path, *, cwd: Path | None = None,
-               port: int | None = None) -> ServerProcess:
+               port: int | None = None, redact: StreamRedactor | None = None) -> ServerProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         tag = uuid.uuid4().hex
         full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1", TAG_ENV: tag}
@@ -208,7 +265,7 @@ class LocalHost(Host):
                 popen = subprocess.Popen(
                     list(argv),
                     env=full_env,
-                    stdout=log,
+                    stdout=log if redact is None else subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,
@@ -219,7 +276,12 @@ class LocalHost(Host):
                 raise HostFault("launch-failed", f"command not found on {self.name}: {argv[0]}") from None
             except PermissionError:
                 raise HostFault("launch-failed", f"command not executable on {self.name}: {argv[0]}") from None
-        return _LocalProcess(popen, log_path, tag)
+        relay = None
+        if redact is not None:
+            assert popen.stdout is not None
+            relay = _LogRelay(popen.stdout, log_path, redact)
+            relay.start()
+        return _LocalProcess(popen, log_path, tag, relay)
 
     def port_free(self, port: int) -> bool:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -10,6 +10,11 @@ A trial whose spec carries a value to beat (``TrialSpec.beat_value``) is measure
 :class:`~autotune.execution.early_stop.StopRule`: once its load cannot beat that value, the load stops, the
 server is torn down as usual, and the result is ``outcome="stopped"`` with the metrics measured so
 far and the reason (``early_stop``) -- measured, not infeasible.
+
+The server is torn down on every way out, also when the caller's phase callback raises (its
+storage failed): the error is raised once the server is gone. A local server's output is redacted
+on its way to the log (:class:`~autotune.config.secrets.StreamRedactor`), so no secret value is
+ever on disk; every log is redacted again when the trial ends (a remote host's included).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any
 import requests
 
 from autotune.config.objective import NamedLoad, Objective
-from autotune.config.secrets import Redactor
+from autotune.config.secrets import Redactor, StreamRedactor
 from autotune.engines import EnginePreset
 from autotune.execution.early_stop import StopRule, applies
 from autotune.execution.gpu_check import GPU_BUSY_WAIT_S, Holder, describe, foreign_holders, visible_gpus, wait_until_free
@@ -160,7 +165,7 @@ class TrialRunner:
             if log_path.exists():
                 log_path.unlink()
             phase_cb("launching", f"port {port}" + (f" on {self.host.name}" if self.host.remote else ""))
-            proc = self.host.launch(argv, env, log_path, port=port)
+            proc = self.host.launch(argv, env, log_path, port=port, **_redacting(self.host, redactor))
             result.server_tag = proc.tag
             phase_cb("launched", json.dumps({"pgid": proc.pgid, "tag": proc.tag, "argv": shown, "port": port,
                                              "host": self.host.name, "niceness": proc.niceness()}))
@@ -183,8 +188,12 @@ class TrialRunner:
                                      phase=Phase.LAUNCH if proc is None else None)
             return result
         finally:
+            recording_failed: Exception | None = None
             if proc is not None:
-                phase_cb("teardown", "")
+                try:
+                    phase_cb("teardown", "")
+                except Exception as exc:  # noqa: BLE001 - the caller's record failed (its storage gone): raised after teardown
+                    recording_failed = exc
                 try:
                     proc.stop(self.teardown_grace_s, hurry=lambda: self.stop.hurry)
                     self.host.wait_port_free(port)
@@ -200,8 +209,11 @@ class TrialRunner:
                 self._blame_the_disk(result, watcher, log_path)
             if result.outcome == "infeasible":
                 self._blame_the_gpus(result, watcher, env)
-            _redact(result, redactor, [log_path, self.log_dir / f"trial-{spec.number:04d}.bench.log"])
+            _redact(result, redactor, [log_path, self.log_dir / f"trial-{spec.number:04d}.bench.log",
+                                       self.log_dir / f"trial-{spec.number:04d}.result"])
             result.duration_s = time.monotonic() - started
+            if recording_failed is not None:
+                raise recording_failed
 
     def _interrupted(self, result: TrialResult, watcher: LogWatcher) -> TrialResult:
         """Mark ``result`` as stopped by a stop request: a fault, to be run again."""
@@ -460,7 +472,8 @@ class TrialRunner:
             env.update(spec.env)
             result.argv, result.env = argv, env
         phase_cb("measuring", f"benchmark {Path(argv[0]).name}")
-        proc = self.bench_host.launch(argv, env, bench_log)
+        bench_redactor = Redactor(env, argv, self.secrets, public=self.public, environ=os.environ)
+        proc = self.bench_host.launch(argv, env, bench_log, **_redacting(self.bench_host, bench_redactor))
         watcher = LogWatcher(bench_log, self.preset.patterns)
         try:
             for _ in polling(bench.timeout_s, POLL_S):
@@ -517,6 +530,12 @@ class TrialRunner:
             except ValueError:
                 info[path] = _prometheus_subset(resp.text)
         return info or None
+
+
+def _redacting(host: Host, redactor: Redactor) -> dict[str, Any]:
+    """The ``redact`` argument of ``host.launch`` where the host takes one and there is a secret:
+    its output is then redacted as it reaches the log, not only when the trial ends."""
+    return {"redact": StreamRedactor(redactor)} if host.redacts_logs and redactor else {}
 
 
 def _redact(result: TrialResult, redactor: Redactor, logs: list[Path]) -> None:

@@ -205,7 +205,9 @@ def from_study(study: Any, storage: str, *, port: int | None = None, python: str
     goals = objectives(study)
     prof = profile(name, metric, goals[0].direction, exported, chosen_port, python=chosen_python,
                    launch_template=launch_template, interpreters=interpreters, measured=measured, provenance=prov,
-                   memory=memory, verify=verify_data, warnings=warnings, exported_at=exported_at)
+                   memory=memory, verify=verify_data, warnings=warnings, exported_at=exported_at,
+                   tuned_names=space.applied_names() if space is not None else (),
+                   baseline=next((v for v in views if v.baseline), None))
     if exported is not best:
         prof["measured_params"] = best.params
     if len(goals) > 1:

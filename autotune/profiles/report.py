@@ -1,6 +1,8 @@
 """``autotune report NAME -o report.html``: one self-contained HTML page about a study.
 
-Sections: outcomes, optimization history, parameter importances with their intervals (for the
+Sections: what to launch and why (the best against the baseline on every metric, with units and
+intervals: :mod:`autotune.profiles.best_vs_baseline`, a table ``id="best-vs-baseline"``), outcomes,
+optimization history, parameter importances with their intervals (for the
 objective and for feasibility), a feasibility map over the two most important parameters, parallel
 coordinates, the crash rules, the ablation, the best profile and every trial in one table.
 
@@ -15,7 +17,8 @@ Contracts:
 - The analysis is :func:`autotune.analysis.explain.explain`'s document, read as it is; a failing
   analysis is reported in the page rather than losing the rest of it.
 - The best profile is ``autotune export``'s (:func:`autotune.profiles.export.from_study`: memory
-  back-off and provenance included), shown as its ``sh`` format.
+  back-off and provenance included), shown as its ``sh`` format less its last line, the record
+  ``autotune verify`` reads.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from markupsafe import Markup
 from autotune.errors import UsageError
 from autotune.outcome.results import finite_number
 from autotune.profiles import report_figures as charts
+from autotune.profiles.best_vs_baseline import compare
 from autotune.profiles.report_figures import FIGURE_HEIGHT, text_of
 from autotune.store.record import TrialRecord, counts_text
 from autotune.store.study_view import backing_text, best_view, objectives, pick, trial_views
@@ -69,7 +73,8 @@ def importance_sets(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     ``target``: ``objective`` (over the feasible trials), then ``feasibility`` (over the finished
     ones); a multi-objective study has ``objective-0``, ``objective-1``, ... (each with its
     ``metric``) in place of ``objective``. ``verdict``: the analysis' word on the whole target when it is not ``ok`` (e.g. ``not
-    enough trials (4, need 20)``), else None. No analysis (``doc`` empty): none.
+    enough trials (4, need 20)``), else None; ``sureness``: else how far its trials go, in words. No analysis
+    (``doc`` empty): none.
     """
     imp = doc.get("importance")
     if imp is None:
@@ -79,6 +84,7 @@ def importance_sets(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
         parts = [(f"objective-{i}", o) for i, o in enumerate(imp["objectives"])] + parts[1:]
     return [{"target": target, "rows": importance_rows(part),
              "verdict": None if part["verdict"] == "ok" else str(part["verdict"]),
+             "sureness": part.get("sureness") if part["verdict"] == "ok" else None,
              "method": imp["method"], **({"metric": part["metric"]} if "metric" in part else {})}
             for target, part in parts]
 
@@ -88,17 +94,18 @@ def _measured(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in rows if r["importance"] is not None]
 
 
-def _rule_parameter(rule: Mapping[str, Any], names: Iterable[str]) -> str | None:
-    """The parameter of the rule's first condition, when the trials have it."""
-    param = rule["conditions"][0]["param"]
-    return param if param in set(names) else None
+def _rule_parameters(rule: Mapping[str, Any], names: Iterable[str]) -> list[str]:
+    """The parameters of the rule's conditions that the trials have, in the rule's order."""
+    known = set(names)
+    return [c["param"] for c in rule["conditions"] if c["param"] in known]
 
 
 def top_parameters(imps: list[dict[str, Any]], rules: list[Mapping[str, Any]], views: list[TrialRecord], n: int = 2) -> list[str]:
-    """The ``n`` parameters for the feasibility map: the most important first (``imps``: rows of
-    one or more importances; a parameter ranks by its largest share in any), then those the
-    crash rules name, then the rest in the order trials list them, those the trials varied
-    before those they did not (an axis with one value maps nothing)."""
+    """The ``n`` parameters for the feasibility map: those the crash rules name first (the
+    parameters that explain the failures, in the rules' order), then the most important
+    (``imps``: rows of one or more importances, the feasibility's first where given; a parameter
+    ranks by its largest share in any), then the rest in the order trials list them, those the
+    trials varied before those they did not (an axis with one value maps nothing)."""
     names: list[str] = []
     for v in views:
         for k in v.params:
@@ -110,8 +117,8 @@ def top_parameters(imps: list[dict[str, Any]], rules: list[Mapping[str, Any]], v
     for r in imps:
         if r["importance"] is not None and r["parameter"] in names:
             share[r["parameter"]] = max(share.get(r["parameter"], float("-inf")), r["importance"])
-    out = sorted(share, key=lambda k: -share[k])
-    out += [p for p in (_rule_parameter(r, names) for r in rules) if p]
+    out = [p for r in rules for p in _rule_parameters(r, names)]
+    out += sorted(share, key=lambda k: -share[k])
     out += names
     seen: list[str] = []
     for p in out:
@@ -185,7 +192,7 @@ def _profile(study: optuna.Study, storage: str, best: TrialRecord | None) -> dic
     prof, _ = from_study(study, storage)
     fmt = "sh"
     try:
-        text = render("sh", prof)
+        text = render("sh", prof, with_record=False)  # the record verify reads is the exported file's
     except UsageError:  # an env name that is not a shell name: the data format instead
         fmt, text = "yaml", render("yaml", prof)
     return {"trial": prof["trial"], "metric": prof["metric"], "value": prof["value"], "text": text,
@@ -215,6 +222,31 @@ def _figure(name: str, make: Callable[[], Any], caption: str = "") -> dict[str, 
     except Exception as exc:  # noqa: BLE001 - one chart that cannot be drawn is said so, not fatal
         return {"name": name, "html": None, "caption": "", "error": f"{type(exc).__name__}: {exc}"}
     return {"name": name, "html": html, "caption": caption, "error": None}
+
+
+def _launch(study: optuna.Study, views: list[TrialRecord], best: TrialRecord | None,
+            goals: list[Any]) -> dict[str, Any] | None:
+    """What to launch and why: the best's changes from the baseline, what backs its figures, and
+    the best against the baseline on every metric (:func:`autotune.profiles.best_vs_baseline.compare`)."""
+    if best is None:
+        return None
+    doc = compare(views, best, {g.metric: g.direction for g in goals})
+    if best.baseline:
+        changes = "the baseline itself: no configuration measured better"
+    elif doc["changed"]:
+        changes = "changes from the baseline: " + " ".join(f"{k}={text_of(p)}" for k, p in doc["changed"].items())
+    else:
+        changes = "no change from the baseline"
+    backing = backing_text(best.measured) if best.measured is not None else "1 measurement, no interval"
+    headers = ["metric", "unit", f"best (trial {best.number})", "95% interval",
+               "baseline" + ("" if doc["baseline"] is None else f" (trial {doc['baseline']})"), "vs baseline"]
+    rows = [[r["metric"], r["unit"], r["best"], "" if r["interval"] is None else
+             f"{text_of(r['interval'][0])} .. {text_of(r['interval'][1])}", r["baseline"], r["change"]]
+            for r in doc["rows"]]
+    return {"trial": best.number, "changes": changes, "backing": backing, "note": doc["note"],
+            "headers": headers, "rows": rows,
+            "runs": f"trial{'s' if len(doc['runs']) != 1 else ''} {', '.join(map(str, doc['runs']))}",
+            "command": f"autotune export {study.study_name} --format sh -o profile.sh"}
 
 
 def _summary(study: optuna.Study, views: list[TrialRecord], best: TrialRecord | None, metric: str) -> str:
@@ -282,21 +314,25 @@ def build_report(study: optuna.Study, storage: str, *, analysis: Mapping[str, An
         title = titles.get(st["target"]) or f"What moves {st.get('metric', metric)} (over the feasible trials)"
         rated = _measured(st["rows"])
         importances.append({
-            "title": title, "verdict": st["verdict"],
+            "title": title, "verdict": st["verdict"] or st["sureness"],  # the analysis' word, or how sure it is
             "figure": _figure(name, lambda st=st, title=title: charts.importance(st["rows"], title), st["method"])
             if rated else None,
             "rows": [[r["parameter"], r["importance"], r["low"], r["high"], r["verdict"]] for r in st["rows"]]})
 
-    pair = top_parameters(imps, rules, views)
+    feasible_first = [r for st in sets if st["target"] == "feasibility" for r in st["rows"]]
+    pair = top_parameters(feasible_first + imps, rules, views)
     feasibility = None
     if pair:
+        named = {p for r in rules for p in _rule_parameters(r, pair)}
         rated_names = {r["parameter"] for r in imps if r["importance"] is not None}
-        over = ("the two most important parameters" if all(p in rated_names for p in pair) else
-                f"{' and '.join(pair)} (importance not rated yet: the parameters the crash rules name, then "
-                "those the trials varied, in their order)")
+        why = {p: "named by a crash rule" if p in named else "important" if p in rated_names else "varied by the trials"
+               for p in pair}
+        over = ", ".join(f"{p} ({why[p]})" for p in pair)
         feasibility = _figure("feasibility", lambda: charts.feasibility(views, pair, metric),
-                              f"each trial over {over}: circles were measured (colour: "
-                              f"{metric}), crosses failed (one colour per failure kind)")
+                              f"each trial over {over}; the axes are the parameters the crash rules name, then the "
+                              f"most important for feasibility: circles were measured (colour: {metric}), open circles "
+                              "stopped early, crosses failed (one colour per failure kind); a marker's size grows with "
+                              "the trials at its point, and markers of different kinds at one point are set apart")
     stored_ablation = study.user_attrs.get("ablation")
     ablation = _ablation(stored_ablation)
     ablation["figure"] = (_figure("ablation", lambda: charts.ablation(stored_ablation))
@@ -306,7 +342,7 @@ def build_report(study: optuna.Study, storage: str, *, analysis: Mapping[str, An
         name=study.study_name, summary=_summary(study, views, best, metric),
         outcomes=sorted(Counter(str(v.outcome) for v in views).items()),
         blames=Counter(f"{v.failure_kind} ({v.blame})" for v in views if v.failure_kind).most_common(),
-        problem=problem, pareto=pareto, history=history, importances=importances, feasibility=feasibility,
+        problem=problem, launch=_launch(study, views, best, goals), pareto=pareto, history=history, importances=importances, feasibility=feasibility,
         parallel=_figure("parallel", lambda: charts.parallel(sub, metric),
                          "feasible trials only" if sub is not None else "no feasible trial yet"),
         rules=None if problem else _rules(rules, doc), ablation=ablation, profile=_profile(study, storage, best),

@@ -115,18 +115,36 @@ def _axis_values(values: list[Any]) -> list[Any]:
     return [text_of(v) for v in values]
 
 
+def _positions(values: list[Any]) -> tuple[list[float], dict[str, Any]]:
+    """One plot axis: numbers as they are; text (or a mix) as positions 0, 1, ... in the order
+    the values first appear, with the axis settings that label them."""
+    shown = _axis_values(values)
+    if all(finite_number(v) is not None for v in shown):
+        return [float(v) for v in shown], {}
+    order = list(dict.fromkeys(shown))
+    return [float(order.index(v)) for v in shown], {"tickmode": "array", "tickvals": list(range(len(order))),
+                                                     "ticktext": order}
+
+
+def _spread(xs: list[float]) -> float:
+    """A small step on an axis: 1.5% of its span (1.5% of the value, or 0.03, when it has one)."""
+    span = (max(xs) - min(xs)) if xs else 0.0
+    return 0.015 * (span or abs(xs[0]) or 2.0) if xs else 0.0
+
+
 def feasibility(views: list[TrialRecord], params: list[str], metric: str) -> Any:
     """Every measured trial over the two parameters: feasible ones coloured by the objective,
     stopped ones (load stopped early) as open circles, infeasible ones as crosses, one trace per
-    failure kind."""
+    failure kind. Trials at the same point of one trace are one marker, sized by their count;
+    traces sharing a point are set side by side, so none hides another."""
     import plotly.graph_objects as go
 
     rows = [v for v in views if v.outcome in ("ok", "stopped", "infeasible")
             and all(v.params.get(p) is not None for p in params)]
     x_name = params[0]
     y_name = params[1] if len(params) > 1 else None
-    xs = _axis_values([v.params[x_name] for v in rows])
-    ys = _axis_values([v.params[y_name] for v in rows]) if y_name else [0] * len(rows)
+    xs, x_axis = _positions([v.params[x_name] for v in rows])
+    ys, y_axis = _positions([v.params[y_name] for v in rows]) if y_name else ([0.0] * len(rows), {})
     at = {v.number: (x, y) for v, x, y in zip(rows, xs, ys)}
 
     def hover(v: TrialRecord) -> str:
@@ -139,43 +157,70 @@ def feasibility(views: list[TrialRecord], params: list[str], metric: str) -> Any
             lines.append(text_of(v.early_stop.get("message"))[:160])
         return "<br>".join(html.escape(s) for s in lines)
 
-    fig = go.Figure()
+    traces: list[tuple[str, list[TrialRecord], dict[str, Any]]] = []
     ok = [v for v in rows if v.value is not None]
-    fig.add_trace(go.Scatter(
-        name="feasible", mode="markers", x=[at[v.number][0] for v in ok], y=[at[v.number][1] for v in ok],
-        text=[hover(v) for v in ok], hoverinfo="text",
-        marker={"size": 11, "symbol": "circle", "color": [v.value for v in ok], "colorscale": "Viridis",
-                "showscale": bool(ok), "colorbar": {"title": {"text": metric}}, "line": {"width": 1, "color": "#333"}}))
+    traces.append(("feasible", ok, {"symbol": "circle", "colorscale": "Viridis", "showscale": bool(ok),
+                                    "colorbar": {"title": {"text": metric}}, "line": {"width": 1, "color": "#333"}}))
     stopped = [v for v in rows if v.outcome == "stopped"]
     if stopped:
-        fig.add_trace(go.Scatter(
-            name="stopped early", mode="markers", x=[at[v.number][0] for v in stopped],
-            y=[at[v.number][1] for v in stopped], text=[hover(v) for v in stopped], hoverinfo="text",
-            marker={"size": 11, "symbol": "circle-open", "line": {"width": 2}}))
+        traces.append(("stopped early", stopped, {"symbol": "circle-open", "line": {"width": 2}}))
     by_kind: dict[str, list[TrialRecord]] = {}
     for v in rows:
         if v.value is None and v.outcome != "stopped":
             by_kind.setdefault(v.failure_kind or v.outcome, []).append(v)
-    for kind, members in sorted(by_kind.items()):
-        fig.add_trace(go.Scatter(
-            name=f"infeasible: {kind}", mode="markers", x=[at[v.number][0] for v in members],
-            y=[at[v.number][1] for v in members], text=[hover(v) for v in members], hoverinfo="text",
-            marker={"size": 12, "symbol": "x", "line": {"width": 1}}))
+    traces += [(f"infeasible: {kind}", members, {"symbol": "x", "line": {"width": 1}})
+               for kind, members in sorted(by_kind.items())]
+    points = {name: {at[v.number] for v in members} for name, members, _ in traces}
+    dx = _spread(xs)
+    fig = go.Figure()
+    for name, members, marker in traces:
+        groups: dict[tuple[float, float], list[TrialRecord]] = {}
+        for v in members:
+            groups.setdefault(at[v.number], []).append(v)
+        px, py, size, text, colour = [], [], [], [], []
+        for (x, y), group in groups.items():
+            sharing = [n for n, pts in points.items() if (x, y) in pts]
+            k = sharing.index(name) - (len(sharing) - 1) / 2  # side by side where traces share the point
+            px.append(x + k * dx)
+            py.append(y)
+            size.append(10 + 5 * math.sqrt(len(group) - 1))
+            text.append((f"{len(group)} trials here<br>" if len(group) > 1 else "")
+                        + "<br>---<br>".join(hover(v) for v in group[:6]) + ("<br>..." if len(group) > 6 else ""))
+            colour.append(sum(float(v.value or 0.0) for v in group) / len(group) if name == "feasible" else None)
+        style = {**marker, "size": size}
+        if name == "feasible":
+            style["color"] = colour
+        fig.add_trace(go.Scatter(name=name, mode="markers", x=px, y=py, text=text, hoverinfo="text", marker=style))
     fig.update_layout(title="Feasibility: " + (f"{x_name} x {y_name}" if y_name else x_name),
                       xaxis_title=x_name, yaxis_title=y_name or "", legend={"orientation": "h", "y": -0.2})
+    fig.update_xaxes(**x_axis)
     if y_name is None:
         fig.update_yaxes(visible=False)
+    else:
+        fig.update_yaxes(**y_axis)
     return fig
 
 
 def parallel(sub: optuna.Study | None, metric: str) -> Any:
+    """Optuna's parallel coordinates of the feasible trials, with each axis' full name (Optuna
+    cuts names of 20 characters or more), slanted so that neighbours do not overlap."""
     from optuna.visualization import plot_parallel_coordinate
 
     if sub is None:
         return None
     if len(sub.directions) > 1:  # coloured by the first objective
-        return _quiet(lambda: plot_parallel_coordinate(sub, target=lambda t: t.values[0], target_name=metric))
-    return _quiet(lambda: plot_parallel_coordinate(sub, target_name=metric))
+        fig = _quiet(lambda: plot_parallel_coordinate(sub, target=lambda t: t.values[0], target_name=metric))
+    else:
+        fig = _quiet(lambda: plot_parallel_coordinate(sub, target_name=metric))
+    names = {f"{n[:17]}...": n for t in sub.trials for n in t.params if len(n) >= 20}
+    ticks = fig.layout.xaxis.ticktext
+    if ticks:  # Optuna draws the axes as an x axis whose tick labels are the names
+        fig.update_xaxes(ticktext=[names.get(str(t), str(t)) for t in ticks], tickangle=30)
+    for trace in fig.data:  # its legend tells feasible from infeasible trials: here all are feasible
+        if trace.name in ("Feasible", "Infeasible"):
+            trace.showlegend = False
+    fig.update_layout(margin={"b": 150, "r": 90})
+    return fig
 
 
 def ablation(doc: Mapping[str, Any]) -> tuple[Any, str] | None:
@@ -201,6 +246,8 @@ def ablation(doc: Mapping[str, Any]) -> tuple[Any, str] | None:
 def figure_html(name: str, fig: Any) -> str:
     import plotly.io as pio
 
-    fig.update_layout(height=FIGURE_HEIGHT, margin={"l": 70, "r": 30, "t": 60, "b": 60})
+    margin = {"l": 70, "r": 30, "t": 60, "b": 60, **{k: v for k, v in (fig.layout.margin.to_plotly_json() or {}).items()
+                                                        if v is not None}}
+    fig.update_layout(height=FIGURE_HEIGHT, margin=margin)
     return pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=f"fig-{name}",
                        config={"displaylogo": False, "responsive": True})

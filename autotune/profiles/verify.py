@@ -9,6 +9,8 @@ Contracts:
   others their command and env, secrets from the environment) under the study's objective load
   with the project's runner, tears it down, and compares the mean with the recorded one:
   ``code`` 0 within the tolerance, 1 worse or a failed run. Server logs are kept only to read why.
+- The result also says where the new mean falls against the recorded 95% interval
+  (``inside_interval``: inside, below, above; None without one), pass or fail.
 """
 
 from __future__ import annotations
@@ -225,7 +227,8 @@ def verify(path: Path, *, repeats: int = 1, timeout_s: float | None = None, pyth
     doc: dict[str, Any] = {"profile": str(path), "study": data.get("study"), "trial": data.get("trial"),
                            "metric": metric, "direction": data["direction"], "recorded": recorded.get("mean"),
                            "recorded_count": recorded.get("count"), "tolerance": tolerance, "runs": len(values),
-                           "values": values, "measured": None, "ratio": None, "failure": failure}
+                           "values": values, "measured": None, "ratio": None, "failure": failure,
+                           "recorded_interval95": _interval(recorded.get("interval95")), "inside_interval": None}
     if failure is not None or not values:
         doc.update(ok=False, code=1)
         keep_logs = failure is not None and failure["log"] is not None
@@ -233,7 +236,8 @@ def verify(path: Path, *, repeats: int = 1, timeout_s: float | None = None, pyth
         mean = sum(values) / len(values)
         ratio = mean / float(recorded["mean"])
         worse = ratio < 1 - tolerance if data["direction"] == "maximize" else ratio > 1 + tolerance
-        doc.update(measured=mean, ratio=ratio, ok=not worse, code=1 if worse else 0)
+        doc.update(measured=mean, ratio=ratio, ok=not worse, code=1 if worse else 0,
+                   inside_interval=inside_interval(mean, doc["recorded_interval95"]))
         keep_logs = worse
     if keep_logs:  # for the person to read why
         doc["log_dir"] = str(log_dir)
@@ -242,8 +246,43 @@ def verify(path: Path, *, repeats: int = 1, timeout_s: float | None = None, pyth
     return doc
 
 
+def _interval(value: Any) -> list[float] | None:
+    """A recorded ``interval95`` as ``[low, high]``; None where the profile has none (one
+    measurement) or it is not two numbers."""
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(is_number(x) for x in value):
+        return [float(value[0]), float(value[1])]
+    return None
+
+
+def inside_interval(mean: float, interval: list[float] | None) -> str | None:
+    """Where ``mean`` falls against the recorded 95% interval: ``inside``, ``below`` or ``above``;
+    None without an interval."""
+    if interval is None:
+        return None
+    lo, hi = interval
+    return "below" if mean < lo else "above" if mean > hi else "inside"
+
+
+def interval_line(doc: Mapping[str, Any]) -> str:
+    """The recorded 95% interval and where the new mean falls against it, pass or fail."""
+    interval = doc.get("recorded_interval95")
+    if interval is None:
+        return f"recorded interval: none ({counted(doc['recorded_count'] or 0, 'measurement')} recorded: no spread to judge by)"
+    lo, hi = interval
+    where = doc.get("inside_interval")
+    shown = f"recorded 95% interval [{show_number(lo)}, {show_number(hi)}]"
+    if where == "inside":
+        return f"{shown}: the new {'mean' if doc['runs'] > 1 else 'run'} is inside it"
+    what = "mean" if doc["runs"] > 1 else "run"
+    line = f"{shown}: the new {what} is OUTSIDE it ({where} it){', though within the tolerance' if doc['ok'] else ''}"
+    if doc["runs"] == 1:
+        line += "; the interval is of the recorded mean and one run varies more: --repeats 3 tells a change from noise"
+    return line
+
+
 def verify_lines(doc: Mapping[str, Any]) -> list[str]:
-    """A verify result for a person."""
+    """A verify result for a person: the verdict against the tolerance, then the recorded 95%
+    interval and whether the new mean falls inside it (said even when the run passes)."""
     rec = f"{show_number(doc['recorded'])} recorded ({counted(doc['recorded_count'], 'measurement')})"
     where = f"study {doc['study']} trial {doc['trial']}"
     if doc.get("failure"):
@@ -257,4 +296,4 @@ def verify_lines(doc: Mapping[str, Any]) -> list[str]:
     runs = counted(doc['runs'], 'run')
     line = (f"{doc['metric']}: {show_number(doc['measured'])} measured ({runs}) vs {rec}, {where}: ratio {doc['ratio']:.3f} "
             f"({better} is better, tolerance {100 * doc['tolerance']:.0f}%): {verdict}")
-    return [line] + ([f"server logs: {doc['log_dir']}"] if doc.get("log_dir") else [])
+    return [line, interval_line(doc)] + ([f"server logs: {doc['log_dir']}"] if doc.get("log_dir") else [])

@@ -7,7 +7,8 @@ A storage URL is whatever SQLAlchemy accepts (``sqlite:///autotune.db``,
   installed;
 - an in-memory SQLite database (``sqlite://``, ``sqlite:///:memory:``): a study there is lost
   when the command ends;
-- for SQLite: a folder that does not exist, a path that is a folder, a file that is not a SQLite
+- for SQLite: options after ``?`` (``?mode=ro``: refused, never part of a file name), a folder
+  that does not exist, a path that is a folder or not a regular file, a file that is not a SQLite
   database (its 16-byte header is not ``SQLite format 3\\0``), and a SQLite database of another
   program (tables, but none of Optuna's or autotune's).
 
@@ -31,6 +32,7 @@ from sqlalchemy.engine import URL, make_url
 
 from autotune.errors import UsageError
 from autotune.execution.hosts import MIN_FREE_BYTES
+from autotune.util.files import file_kind
 from autotune.util.folders import ensure_writable
 
 __all__ = ["artifact_dir", "check_artifacts_writable", "check_storage", "has_studies", "low_disk", "open_storage",
@@ -66,8 +68,6 @@ def sqlite_path(url: str) -> Path | None:
     parsed = _parse(url)
     if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
         return None
-    if parsed.database.startswith("file:"):  # a SQLite URI filename (?uri=true): left to SQLite
-        return None
     return Path(parsed.database)
 
 
@@ -92,6 +92,10 @@ def check_storage(url: str) -> None:
                          f"({exc.name or exc})") from None
     if parsed.get_backend_name() != "sqlite":
         return
+    if parsed.query:  # SQLAlchemy would pass some to SQLite and drop others: none is taken
+        options = "&".join(f"{k}={v}" for k, v in parsed.query.items())
+        raise UsageError(f"storage {shown}: SQLite URL options (?{options}) are not taken; give the database "
+                         "file alone (e.g. sqlite:///autotune.db)")
     if not parsed.database or parsed.database == ":memory:":
         raise UsageError(f"storage {shown}: an in-memory SQLite database keeps nothing; give a file "
                          "(e.g. sqlite:///autotune.db)")
@@ -104,6 +108,8 @@ def check_storage(url: str) -> None:
         raise UsageError(f"storage {shown}: folder {path.parent} does not exist")
     if not path.exists():
         return
+    if not path.is_file():  # a FIFO would hang the read below, a device never end
+        raise UsageError(f"storage {shown}: {path} is {file_kind(path.stat().st_mode)}, not a database file")
     try:
         with open(path, "rb") as f:
             header = f.read(len(SQLITE_HEADER))

@@ -4,7 +4,10 @@ A trial still RUNNING under another owner when a driver takes the study's lease 
 dead driver: :meth:`Leftovers.recover` kills what it left running (on the host it recorded),
 records it ``fault``/``interrupted`` and enqueues its parameters again. A server a teardown could
 not reach is kept in the study's :data:`SERVERS_LEFT` attribute until a driver reaches its host
-and kills it (:meth:`Leftovers.retry`, between trials).
+and kills it (:meth:`Leftovers.retry`, between trials). :meth:`Leftovers.tear_down` kills what
+dead drivers left without writing anything (a command that refuses to run the study, e.g. a
+resume missing a secret, still leaves no server behind); the caller checks that no live driver
+owns the study.
 """
 
 from __future__ import annotations
@@ -56,6 +59,15 @@ class Leftovers:
         self.left = self._kill_each(earlier) + self.left
         if earlier or self.left:
             study.set_user_attr(SERVERS_LEFT, list(self.left))
+
+    def tear_down(self, study: optuna.Study) -> None:
+        """Kill what the RUNNING trials and the :data:`SERVERS_LEFT` list of ``study`` left
+        running, writing nothing: the trials stay RUNNING for the next driver to recover. Only
+        for a study no live driver owns; a host that cannot be reached is skipped."""
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            self._kill_stale(t)
+        self._kill_each(list(study.user_attrs.get(SERVERS_LEFT) or []))
+        self.left = []
 
     def add(self, study: optuna.Study, host: str, tag: str, trial: int) -> None:
         """Keep a server the teardown of ``trial`` could not reach."""

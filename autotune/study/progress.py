@@ -8,7 +8,7 @@ such as ``[/x]`` or ``[bold]`` is shown as written and cannot break the display.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,8 @@ from autotune.config.pareto import Goal
 from autotune.execution.trial import TrialResult
 from autotune.store.study_view import best_of, is_multi_objective, measured_configs, objectives, pick, trial_views
 from autotune.store.record import TrialRecord, counts_text
+from autotune.util.text import counted
+from autotune.util.versus import versus_text
 from autotune.util.units import unit_of, with_unit
 
 
@@ -36,8 +38,11 @@ TOP_TRIALS = 5
 class ConsoleReporter:
     """Shows trial number, phase, elapsed time and best so far; a summary table at the end."""
 
-    def __init__(self, console: Console | None = None, metric: str = "value", objectives: Sequence[str] = ()) -> None:
+    def __init__(self, console: Console | None = None, metric: str = "value", objectives: Sequence[str] = (),
+                 baseline: Mapping[str, Any] | None = None) -> None:
         self.console = console or Console(stderr=True)
+        self.baseline = dict(baseline or {})
+        """The baseline's parameter values: a trial's line shows only what it changes from them."""
         self.metric = metric
         self.objectives = list(objectives)
         """A multi-objective study's metrics: each finished trial shows them all."""
@@ -55,7 +60,7 @@ class ConsoleReporter:
         self.name, self.done, self.budget = name, done, budget
         self.study_start = time.monotonic()
         left = "" if budget is None else f", budget {budget}"
-        self.console.print(Text.assemble((f"study {name}", "bold"), f": {done} trials already finished{left}"))
+        self.console.print(Text.assemble((f"study {name}", "bold"), f": {counted(done, 'trial')} already finished{left}"))
         if self.console.is_terminal:
             # The renderable is this reporter: Live asks it for a fresh line at every refresh, so
             # the clocks move while a server starts (a Text made once would freeze them).
@@ -67,7 +72,13 @@ class ConsoleReporter:
         self.running[number] = _Running(time.monotonic())
         tag = " (baseline)" if baseline else ""
         where = f" on {slot}" if slot and slot != "local" else ""
-        shown = " ".join(f"{k}={v}" for k, v in params.items() if v != "unset")
+        if baseline or not self.baseline:
+            shown = " ".join(f"{k}={v}" for k, v in params.items() if v != "unset")
+        else:  # what it changes from the baseline: ten parameters filled three lines at 80 columns
+            changed = {k: v for k, v in params.items() if k in self.baseline and self.baseline[k] != v}
+            rest = {k: v for k, v in params.items() if k not in self.baseline and v != "unset"}
+            shown = " ".join(f"{k}={v}" for k, v in {**changed, **rest}.items())
+            shown = f"{shown} (the rest as the baseline)" if shown else "the baseline's values"
         self.console.print(Text(f"trial {number}{tag}{where}: {shown}", style="dim"))
         if why:  # why the sampler proposed it (a raise the scheduler log called for, a probe, a back-off)
             self.console.print(Text(f"  {why}", style="dim"))
@@ -228,7 +239,7 @@ def top_table(views: list[TrialRecord], metric: str, maximize: bool = True, top:
     table.add_column("changed from the baseline", overflow="fold", max_width=52)
     for m in rows:
         is_base = base is not None and base.number in m.trials
-        ratio = "" if not base_value else f"{m.mean / base_value:.2f}x"
+        ratio = "" if is_base else versus_text(m.mean, base_value, maximize)
         changed = "(baseline)" if is_base else " ".join(
             f"{k}={p}" for k, p in m.params.items() if base is None or base.params.get(k) != p)
         style = "bold green" if m is rows[0] else None

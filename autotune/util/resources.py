@@ -36,6 +36,8 @@ def resolve(kind: str, name_or_path: str) -> Path:
             return path
         if path.is_dir():
             raise FileNotFoundError(f"{kind.rstrip('s').replace('_', ' ')} {name_or_path}: is a folder, not a file")
+        if path.exists():  # a FIFO, a device: the loader refuses it by what it is, unread
+            return path
         raise FileNotFoundError(f"{kind.rstrip('s').replace('_', ' ')} file not found: {name_or_path}")
     builtin = data_dir(kind) / f"{name_or_path}.yaml"
     if builtin.is_file():

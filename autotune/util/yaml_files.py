@@ -8,7 +8,8 @@ from typing import Any
 import pydantic
 import yaml
 
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, UsageError
+from autotune.util.files import check_input
 
 MAX_FILE_BYTES = 4 * 1024 * 1024
 """A config, space or objective file is a few KiB; anything this big is not one."""
@@ -39,11 +40,14 @@ def load_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
     """Read ``path`` as a YAML mapping.
 
     Raises:
-        ConfigError: the file is missing, a folder, unreadable, not UTF-8 text, not YAML, empty,
-            not a mapping, holds a key twice, or holds a NUL character.
+        ConfigError: the file is missing, not a regular file (a folder, a FIFO, a device), larger
+            than :data:`MAX_FILE_BYTES`, unreadable, not UTF-8 text, not YAML, empty, not a mapping,
+            holds a key twice, or holds a NUL character.
     """
-    if path.is_dir():
-        raise ConfigError(f"{what} {path}: is a folder, not a file")
+    try:
+        check_input(path, what, MAX_FILE_BYTES)  # before it is opened: a FIFO would hang, a device never end
+    except UsageError as exc:
+        raise ConfigError(str(exc)) from None
     try:
         with open(path, "rb") as f:  # bounded: a device such as /dev/zero never ends
             raw = f.read(MAX_FILE_BYTES + 1)

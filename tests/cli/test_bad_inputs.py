@@ -11,8 +11,10 @@ holds studies (see :func:`seeded_db`).
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -123,6 +125,10 @@ def objective(text: str) -> dict[str, str]:
     return files
 
 
+FIFO = b"<a FIFO: made by os.mkfifo>"
+"""A file of a case that is made a FIFO (reading one would wait for a writer for ever)."""
+
+
 @dataclass(frozen=True)
 class Case:
     """One bad input: files to write, the command line, and a fragment of the one-line message."""
@@ -212,7 +218,7 @@ CASES: list[Case] = [
     Case("study-best-no-feasible", ["study", "best", "foreign", *STORE], "no feasible trial", db=True),
     # -- the study config file ----------------------------------------------------------------
     Case("config-missing", ["study", "start", "nope.yaml"], "not found"),
-    Case("config-endless-device", ["study", "start", "/dev/zero"], "too large"),
+    Case("config-endless-device", ["study", "start", "/dev/zero"], "/dev/zero: is a character device, not a regular file"),
     Case("config-is-a-folder", ["study", "start", "sub"], "is a folder", {"sub/keep": ""}),
     Case("config-not-utf8", START, "not UTF-8", {"study.yaml": b"name: \xff\xfe t1\n"}),
     Case("config-empty", START, "is empty", {"study.yaml": ""}),
@@ -442,6 +448,61 @@ CASES: list[Case] = [
     Case("bench-tuner-multi-objective", ["bench", "tuner", "--objective", "obj.yaml", "--trials", "2", "--seeds", "1"],
          "objective obj has 2 objectives: the tuner benchmark compares strategies on one objective",
          {"obj.yaml": MULTI.replace("p99_ttft_ms", "mean_ttft_ms")}),
+    # -- files that are not regular files, and where -o writes (autotune.util.files) --------------
+    Case("config-fifo", START, "study.yaml: is a FIFO, not a regular file", {**cfg(), "study.yaml": FIFO}),
+    Case("space-fifo", START, "space.yaml: is a FIFO", {**cfg(), "space.yaml": FIFO}),
+    Case("objective-fifo", START, "obj.yaml: is a FIFO", {**cfg(objective="obj.yaml"), "obj.yaml": FIFO}),
+    Case("storage-fifo", [*DEMO[:-2], "--storage", "sqlite:///{tmp}/q.db"], "q.db is a FIFO, not a database file",
+         {"q.db": FIFO}),
+    Case("verify-endless-device", ["verify", "/dev/zero"], "profile /dev/zero: is a character device, not a regular file"),
+    Case("verify-fifo", ["verify", "p.sh"], "profile p.sh: is a FIFO, not a regular file", {"p.sh": FIFO}),
+    Case("verify-too-large", ["verify", "big.json"], "too large (at most 4 MiB)", {"big.json": "{}" + " " * (4 << 20)}),
+    Case("export-o-device", ["export", "seeded", "--format", "sh", "-o", "/dev/full", *STORE],
+         "-o /dev/full: is a character device; only a regular file is written", db=True),
+    Case("report-o-device", ["report", "seeded", "-o", "/dev/null", *STORE], "-o /dev/null: is a character device",
+         db=True),
+    Case("export-o-fifo", ["export", "seeded", "--format", "env", "-o", "out.env", *STORE], "-o out.env: is a FIFO",
+         {"out.env": FIFO}, db=True),
+    Case("report-o-fifo", ["report", "seeded", "-o", "r.html", *STORE], "-o r.html: is a FIFO", {"r.html": FIFO},
+         db=True),
+    Case("export-o-trailing-slash", ["export", "seeded", "--format", "sh", "-o", "newdir/", *STORE],
+         "-o newdir/: names a folder; give a file name", db=True),
+    Case("report-o-trailing-slash-existing", ["report", "seeded", "-o", "sub/", *STORE], "-o sub/: names a folder",
+         {"sub/keep": ""}, db=True),
+    Case("report-o-folder", ["report", "seeded", "-o", "sub", *STORE], "-o sub: is a folder", {"sub/keep": ""}, db=True),
+    Case("export-o-folder-missing", ["export", "seeded", "--format", "sh", "-o", "nope/p.sh", *STORE],
+         "folder nope does not exist", db=True),
+    # -- strict types: nothing coerced ----------------------------------------------------------
+    Case("config-budget-trials-true", START, "budget.trials: Input should be a valid integer", cfg(budget="{trials: true}")),
+    Case("config-budget-trials-text", START, "budget.trials: Input should be a valid integer", cfg(budget="{trials: '1'}")),
+    Case("config-budget-trials-float", START, "budget.trials: Input should be a valid integer", cfg(budget="{trials: 1.0}")),
+    Case("config-seed-true", START, "seed: Input should be a valid integer", cfg(seed="true")),
+    Case("config-seed-quoted-number", START, "seed: Input should be a valid integer", cfg(seed="'7'")),
+    Case("config-retries-false", START, "max_fault_retries: Input should be a valid integer", cfg(max_fault_retries="false")),
+    Case("config-port-text", START, "target.port: Input should be a valid integer", target(port="'8000'")),
+    Case("config-timeout-true", START, "target.ready_timeout_s: Input should be a valid number", target(ready_timeout_s="true")),
+    Case("config-accept-key-text", START, "target.ssh.accept_unknown_host_key: Input should be a valid boolean",
+         target(ssh="{accept_unknown_host_key: 'yes'}")),
+    Case("config-confirm-float", START, "budget.confirm.candidates", cfg(budget="{trials: 2, confirm: {candidates: 2.0}}")),
+    # -- categorical choices equal as values ------------------------------------------------------
+    Case("space-choices-int-and-true", START, "'choices' 1 and true are equal as values",
+         space("  x: {type: categorical, choices: [1, true], env: X}\n")),
+    Case("space-choices-int-and-float", START, "'choices' 1 and 1.0 are equal as values",
+         space("  x: {type: categorical, choices: [1, 1.0], env: X}\n")),
+    Case("space-choices-zero-and-false", START, "'choices' false and 0 are equal",
+         space("  x: {type: categorical, choices: [false, 2, 0], env: X}\n")),
+    # -- SQLite URLs with options -------------------------------------------------------------------
+    Case("storage-sqlite-query", [*DEMO[:-2], "--storage", "sqlite:///{tmp}/t.db?mode=ro"],
+         "SQLite URL options (?mode=ro) are not taken"),
+    Case("storage-sqlite-uri", [*DEMO[:-2], "--storage", "sqlite:///file:{tmp}/t.db?mode=ro&uri=true"],
+         "SQLite URL options (?mode=ro&uri=true) are not taken"),
+    Case("storage-config-sqlite-query", START, "SQLite URL options (?timeout=5)", cfg(storage="'sqlite:///{tmp}/t.db?timeout=5'"),
+         db=True),
+    # -- the dashboard's address ----------------------------------------------------------------------
+    Case("cli-dashboard-host-unknown", ["dashboard", *STORE, "--host", "no-such-host.invalid"],
+         "--host no-such-host.invalid: not a name or address to listen on"),
+    Case("cli-dashboard-host-not-mine", ["dashboard", *STORE, "--host", "192.0.2.1"],
+         "--host 192.0.2.1: cannot listen there"),
 ]
 
 
@@ -469,14 +530,21 @@ def _write(tmp: Path, files: dict[str, str | bytes]) -> None:
     for rel, content in files.items():
         dest = tmp / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, bytes):
+        if content is FIFO:
+            os.mkfifo(dest)
+        elif isinstance(content, bytes):
             dest.write_bytes(content)
         else:
             dest.write_text(content.replace("{tmp}", str(tmp)))
 
 
 def _snapshot(tmp: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(tmp)): (p.read_bytes() if p.is_file() else b"<dir>") for p in sorted(tmp.rglob("*"))}
+    def content(p: Path) -> bytes:
+        if p.is_file():
+            return p.read_bytes()
+        return b"<fifo>" if stat.S_ISFIFO(p.lstat().st_mode) else b"<dir>"
+
+    return {str(p.relative_to(tmp)): content(p) for p in sorted(tmp.rglob("*"))}
 
 
 def _prepare(case: Case, tmp: Path, seeded_db: Path) -> list[str]:
@@ -502,6 +570,8 @@ def _check(case: Case, tmp: Path, code: object, stderr: str, before: dict[str, b
     changed = [k for k in after if after[k] != before[k]]
     assert not changed, f"files changed: {changed}"
     assert not (tmp / "autotune-artifacts").exists()
+    for device in ("/dev/full", "/dev/null", "/dev/zero"):  # never replaced by a regular file
+        assert stat.S_ISCHR(os.stat(device).st_mode), device
 
 
 def test_corpus_is_large_and_ids_unique() -> None:
@@ -642,3 +712,38 @@ def test_dashboard_serves_a_new_storage(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_dashboard_on_a_port_in_use_is_one_line_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A port another process listens on is the machine's state, not bad input: one line, exit 1,
+    and nothing created (no storage, no artifact folder)."""
+    import socket
+
+    monkeypatch.chdir(tmp_path)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        code, _, err = run_in_process(["dashboard", "--port", str(port), *STORE[:1], f"sqlite:///{tmp_path}/d.db"],
+                                      capsys, monkeypatch)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 1 and len(lines) == 1, err
+    assert lines[0] == f"autotune: error: --port {port}: already in use on 127.0.0.1 (another process listens there); give another --port"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_resumed_study_keeps_the_trials_of_its_start(tmp_path: Path) -> None:
+    """``study start --trials 1`` is stored with the study: a ``resume`` without --trials stops at
+    once (budget reached), not at the config's budget; ``resume --trials 2`` runs one more."""
+    from tests.helpers.cli import autotune
+
+    url = f"sqlite:///{tmp_path}/t.db"
+    autotune("study", "start", "--demo", "--trials", "1", "--storage", url, cwd=tmp_path)
+    again = autotune("study", "resume", "demo", "--storage", url, cwd=tmp_path)
+    assert "budget reached: 1 trials" in again.stderr, again.stderr
+    study = optuna.load_study(study_name="demo", storage=url)
+    assert study.user_attrs["config"]["budget"]["trials"] == 1
+    assert len(study.trials) == 1
+    autotune("study", "resume", "demo", "--trials", "2", "--storage", url, cwd=tmp_path)
+    assert len(optuna.load_study(study_name="demo", storage=url).trials) == 2

@@ -117,7 +117,7 @@ def valid_parameter(draw: st.DrawFn, index: int) -> dict[str, Any]:
         choices = draw(st.lists(st.one_of(st.text(min_size=0, max_size=6).filter(lambda s: "\x00" not in s),
                                           st.integers(-5, 5), st.booleans(), st.just(UNSET), st.just("[/x]"),
                                           st.floats(-10, 10, allow_nan=False)),
-                                min_size=1, max_size=5, unique_by=repr))
+                                min_size=1, max_size=5, unique_by=_as_value))
         p.update(choices=choices, default=draw(st.sampled_from(choices)))
     else:
         p["default"] = draw(st.booleans())
@@ -132,6 +132,12 @@ def valid_parameter(draw: st.DrawFn, index: int) -> dict[str, Any]:
             comp["offset"] = draw(st.integers(-3, 3))
         p["companions"] = [comp]
     return p
+
+
+
+def _as_value(choice: Any) -> Any:
+    """A choice as Python compares it: 1, 1.0 and True are one value (a valid space lists it once)."""
+    return choice if isinstance(choice, str) else ("number", float(choice))
 
 
 @st.composite

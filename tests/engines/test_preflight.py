@@ -165,7 +165,9 @@ def test_what_is_not_a_path_or_cannot_be_known_is_not_checked() -> None:
     hub = plan(target(engine="vllm", model="Qwen/Qwen3-8B"), "/py")
     assert hub is not None and hub.model_path is None and hub.python == "/py" and hub.modules == ("vllm",)
     assert plan(target(engine="custom", command="{python} -c 'import vllm' {port}"), "py") is None
-    assert plan(target(engine="sim", scenario="rtx6000-pcie-glm5"), "py") is None
+    sim = plan(target(engine="sim", scenario="rtx6000-pcie-glm5"), "py")  # autotune's own server
+    assert sim is not None and sim.modules == ("autotune",) and not sim.gpus
+    assert plan(target(engine="none"), "py") is None
     # a path given, but the command does not use {model}: nothing to check there
     assert plan(target(engine="custom", model="/nope", command="{python} -m x --port {port}"), "py") is None
     custom = plan(target(engine="custom", model="/nope", command="{python} -m x {model} --port {port}"), "py")

@@ -210,7 +210,7 @@ def test_the_interrupted_baseline_runs_on_resume(tmp_path: Path) -> None:
     trials = _trials(tmp_path, "base")
     assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"]
     assert trials[1].user_attrs["baseline"] is True and trials[1].params == trials[0].params
-    assert "x the baseline" in proc.stdout or "(the baseline)" in proc.stdout
+    assert "(baseline " in proc.stdout or "(the baseline)" in proc.stdout
 
 
 def test_a_second_driver_is_refused_and_the_first_goes_on(tmp_path: Path) -> None:
@@ -474,3 +474,118 @@ def test_reusing_a_study_name_for_another_study_is_refused(tmp_path: Path, done_
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "study 'done'" in lines[0] and "another --name" in lines[0], proc.stderr
     assert [(t.number, t.state, t.value, t.params) for t in _trials(tmp_path, "done")] == before
+
+
+def _raw_secrets(folders: list[Path], secrets: tuple[str, ...]) -> list[str]:
+    """Each file under ``folders`` (and each file given) that holds a raw secret value."""
+    files = [f for d in folders for f in ([d] if d.is_file() else d.rglob("*")) if f.is_file()]
+    return [f"{f}: {s[:6]}..." for f in files for s in secrets if s.encode() in f.read_bytes()]
+
+
+def test_a_driver_killed_mid_trial_leaves_no_raw_secret_and_a_refused_resume_tears_its_server_down(tmp_path: Path) -> None:
+    """Secrets in target.env (HF_TOKEN) and the command (--api-key), echoed by the server into its
+    log: the log is redacted as it is written, so a SIGKILL of the driver while the trial runs
+    leaves no raw value in the storage or the artifacts; a resume refused for the missing secret
+    kills the server the dead driver left, and a resume with it set leaves nothing raw either."""
+    cfg = _write_study(tmp_path, "ksec", trials=2, load=LONG, env={"HF_TOKEN": HF_TOKEN}, flags=f" --api-key {API_KEY}")
+    storage = f"sqlite:///{tmp_path}/studies.db"
+    driver = _start(cfg, tmp_path)
+    trial = _wait_for_server(tmp_path, "ksec", driver)
+    tag = trial.user_attrs["server_tag"]
+    _wait_for_tree(tag)
+    log = tmp_path / "autotune-artifacts" / "logs" / "ksec" / f"trial-{trial.number:04d}.log"
+    deadline = time.monotonic() + 60
+    while "launcher: api_key=" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "launcher: api_key=${API_KEY} HF_TOKEN=${HF_TOKEN}" in log.read_text()  # redacted while it runs
+    driver.send_signal(signal.SIGKILL)
+    driver.wait(10)
+    study_files = [tmp_path / "studies.db", tmp_path / "autotune-artifacts"]
+    assert _raw_secrets(study_files, (HF_TOKEN, API_KEY)) == []
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "API_KEY")}
+    refused = subprocess.run([sys.executable, "-m", "autotune", "study", "resume", "ksec", "--storage", storage],
+                             cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+    assert refused.returncode == 2 and "HF_TOKEN" in refused.stderr, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    _assert_gone(tag)  # the dead driver's server, killed by the refused resume
+    resumed = subprocess.run([sys.executable, "-m", "autotune", "study", "resume", "ksec", "--storage", storage],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                             env={**env, "HF_TOKEN": HF_TOKEN, "API_KEY": API_KEY})
+    assert resumed.returncode == 0, resumed.stderr
+    trials = _trials(tmp_path, "ksec")
+    assert trials[0].user_attrs["failure_kind"] == "interrupted" and trials[-1].state.name == "COMPLETE"
+    assert _raw_secrets(study_files, (HF_TOKEN, API_KEY)) == []
+
+
+def _fill(folder: Path) -> None:
+    """Fill the filesystem of ``folder`` to the last byte with one file, ``filler``."""
+    fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for size in (1 << 20, 65536, 4096, 512, 1):
+            try:
+                while os.write(fd, b"\0" * size):
+                    pass
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("failure", ["deleted", "read-only", "full"])
+def test_a_storage_that_fails_mid_trial_tears_the_server_down_in_one_line(tmp_path: Path, failure: str) -> None:
+    """The database (on a tmpfs of its own, with the logs) deleted, remounted read-only or filled
+    while a trial runs: the driver tears the server down and exits 1 with one line; the trial
+    stays RUNNING in a database that is still there, and a resume, once it can write, recovers it
+    and runs its parameters again."""
+    store = tmp_path / "store"
+    _mount_tmpfs(store, "100m")
+    try:
+        cfg = _write_study(tmp_path, "sf", trials=2, load=LONG, storage=f"sqlite:///{store}/studies.db")
+        driver = _start(cfg, tmp_path)
+        trial = _wait_for_running(store, driver)
+        tag = trial.user_attrs["server_tag"]
+        _wait_for_tree(tag)
+        if failure == "deleted":
+            (store / "studies.db").unlink()
+        elif failure == "read-only":
+            # A read-only mount over the folder: new files (SQLite's journal) cannot be made; the
+            # files open already stay as they were (a remount of the tmpfs itself is refused as busy).
+            subprocess.run(["mount", "--bind", str(store), str(store)], check=True)
+            subprocess.run(["mount", "-o", "remount,bind,ro", str(store)], check=True)
+        else:
+            _fill(store)
+        _, err = driver.communicate(timeout=300)
+        lines = [line for line in err.decode().splitlines() if line.startswith("autotune: error:")]
+        assert driver.returncode == 1, err.decode()
+        assert "Traceback" not in err.decode() and len(lines) == 1, err.decode()
+        assert lines[0].startswith("autotune: error: storage error, study stopped (its running trials torn down): ")
+        _assert_gone(tag)
+        if failure == "deleted":
+            return  # nothing is left to recover: the server is gone, which is what matters
+        if failure == "read-only":
+            _umount(store)  # the read-only mount over it
+        else:
+            (store / "filler").unlink()
+        assert _trials(store, "sf")[trial.number].state.name == "RUNNING"  # recorded as it was
+        resumed = _autotune("study", "resume", "sf", "--storage", f"sqlite:///{store}/studies.db", cwd=tmp_path)
+        assert resumed.returncode == 0, resumed.stderr
+        trials = _trials(store, "sf")
+        assert trials[trial.number].user_attrs["failure_kind"] == "interrupted"
+        assert any(t.params == trials[trial.number].params and t.state.name == "COMPLETE" for t in trials)
+    finally:
+        _umount(store)
+
+
+def _wait_for_running(store: Path, driver: subprocess.Popen[bytes]) -> optuna.trial.FrozenTrial:
+    """The RUNNING trial (its server launched) of study "sf" stored under ``store``."""
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        assert driver.poll() is None, f"driver exited with {driver.returncode}"
+        try:
+            running = [t for t in _trials(store, "sf") if t.state == optuna.trial.TrialState.RUNNING]
+        except KeyError:
+            running = []
+        if running and running[0].user_attrs.get("server_tag"):
+            return running[0]
+        time.sleep(0.2)
+    raise AssertionError("the driver never launched a server")

@@ -4,6 +4,7 @@ errors that write nothing; exported files are private."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 
 from autotune.util.text import one_line
 from autotune.errors import UsageError
-from autotune.profiles.formats import FORMATS, profile, render
+from autotune.profiles.formats import FORMATS, PROFILE_LINE, RECORD_KEYS, profile, record, render
 from autotune.config.secrets import (
     MIN_TEXT_SECRET,
     Redactor,
@@ -123,6 +124,35 @@ def test_header_values_are_shown_escaped() -> None:
         text = rendered(fmt, best)
         assert '# params: choice="a\\nrm -rf ~\\n" n=8' in text
         assert "\nrm -rf" not in text
+
+
+def test_a_profile_reads_tuned_first_then_fixed_and_ends_with_the_record(tmp_path: Path) -> None:
+    """The tuned parameters first, those changed from the baseline with its value; the env the
+    parameters set before the fixed env; the record verify reads after the exec line."""
+    best = trial({"FIXED_A": "1", "AT_MIN": "8", "FIXED_B": "x"}, ["--mrr", "192", "--port", "{port}"],
+                 {"AT_MIN": 8, "mrr": 192})
+    base = dataclasses.replace(best, number=0, params={"AT_MIN": 8, "mrr": 128}, baseline=True)
+    prof = profile("s", "tok_s", "maximize", best, PORT, tuned_names=["AT_MIN", "--mrr"], baseline=base)
+    assert prof["tuned_env"] == ["AT_MIN"] and prof["tuned_flags"] == ["--mrr"]
+    for fmt, assign in (("sh", "export "), ("env", "")):
+        text = render(fmt, prof)
+        lines = text.splitlines()
+        first = lines.index("# autotune launch profile: study s, trial 3")
+        assert lines[first + 1:first + 4] == ["# params: tuned by the study, 1 of 2 changed from the baseline (trial 0):",
+                                              "#   mrr=192  (baseline: 128)", "#   as the baseline: AT_MIN=8"], text
+        tuned, fixed = lines.index("# tuned: set by the parameters the study chose"), \
+            lines.index("# fixed: the study's config, not tuned")
+        assert lines[tuned + 1] == f"{assign}AT_MIN=8" and tuned < fixed
+        assert lines[fixed + 1:fixed + 3] == [f"{assign}FIXED_A=1", f"{assign}FIXED_B=x"]
+        assert lines[-1].startswith(PROFILE_LINE) and json.loads(lines[-1][len(PROFILE_LINE):]) == record(prof)
+        assert all(len(line) <= 100 for line in lines if line.startswith("# ")  # the command: one line to copy
+                   and not line.startswith((PROFILE_LINE, "# command: "))), text
+    sh = render("sh", prof).splitlines()
+    assert sh[-3] == "# tuned flags: --mrr; the rest of the command is fixed" and sh[-2].startswith("exec ")
+    path = tmp_path / "p.sh"
+    path.write_text(render("sh", prof))
+    got = json.loads(run_sh(path, base_env(PORT=str(PORT))).stdout)  # still exactly the trial's launch
+    assert got["argv"] == ["--mrr", "192", "--port", str(PORT)] and got["env"]["AT_MIN"] == "8"
 
 
 def test_an_env_name_that_is_not_a_shell_name_is_refused() -> None:
@@ -301,7 +331,7 @@ def listing(root: Path) -> dict[str, tuple[int, bytes]]:
 @pytest.mark.parametrize("bad, fragment", [
     (["-o", "missing/p.sh"], "does not exist"),
     (["-o", "folder"], "is a folder"),
-    (["-o", "folder/"], "is a folder"),
+    (["-o", "folder/"], "names a folder"),
     (["-o", "p.sh", "--port", "0"], "--port 0"),
     (["-o", "p.sh", "--port", "99999"], "--port 99999"),
     (["-o", "p.sh", "--port", "-1"], "--port -1"),
@@ -622,11 +652,18 @@ def test_every_format_reads_back_as_the_same_profile(tmp_path: Path) -> None:
     prof = json.loads(rendered("json", best, **options))
     for fmt in FORMATS:
         path = tmp_path / f"p.{fmt}"
-        path.write_text(rendered(fmt, best, **options))
+        text = rendered(fmt, best, **options)
+        path.write_text(text)
         loaded = load_profile(path)
         assert loaded.script == (fmt == "sh"), fmt
-        assert {k: v for k, v in loaded.data.items() if k != "exported_at"} == \
-            {k: v for k, v in prof.items() if k != "exported_at"}, fmt
+        if fmt in ("sh", "env"):  # the last line: the record verify reads, compact
+            assert text.splitlines()[-1].startswith(PROFILE_LINE) and len(text.splitlines()[-1]) < 1500
+            assert loaded.data == record(prof), fmt
+            assert set(loaded.data) == {k for k in RECORD_KEYS if k in prof}
+            assert loaded.data["measured"] == {k: prof["measured"][k] for k in ("mean", "count", "interval95")}
+        else:
+            assert {k: v for k, v in loaded.data.items() if k != "exported_at"} == \
+                {k: v for k, v in prof.items() if k != "exported_at"}, fmt
 
 
 def test_verify_takes_the_secrets_from_the_environment_and_names_a_missing_one() -> None:

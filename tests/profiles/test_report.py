@@ -71,7 +71,8 @@ def test_report_of_a_real_study_renders_in_chromium(recorded_study: Path, tmp_pa
     exported = autotune("export", RECORDED, "--storage", storage, "--format", "sh", cwd=tmp_path).stdout
     shown = html.unescape(re.search(r"<pre class=profile>(.*?)</pre>", page, re.S).group(1))
     stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d"
-    assert re.sub(stamp, "T", shown) == re.sub(stamp, "T", exported)
+    assert exported.splitlines()[-1].startswith("# autotune-profile: {")  # the record verify reads: not shown
+    assert re.sub(stamp, "T", shown) == re.sub(stamp, "T", "".join(exported.splitlines(keepends=True)[:-1]))
     assert "# memory: mem_fraction_static" in shown and "# engine: sim" in shown
     assert "infeasible: nccl-error" in page and "infeasible: oom" in page  # the feasibility map's traces
     ids = re.findall(r'<div id="(fig-[a-z-]+)" class="plotly-graph-div', page)
@@ -168,8 +169,10 @@ def test_report_has_every_section_escaped_and_renders(tmp_path: Path) -> None:
         assert f"<td>{name}</td><td>{row['median']:.4g}</td><td>{row['low']:.4g}</td>" in page, name
     # The ablation's shares and intervals.
     assert "0.6 .. 0.95" in page and "interval (90%)" in page
-    # The feasibility map is drawn over the two most important parameters.
-    assert re.search(r"Feasibility: \w+ x \w+", page)
+    # The feasibility map is drawn over the parameters of the crash rules, each said why.
+    ruled = list(dict.fromkeys(c["param"] for r in doc["failure_rules"] for c in r["conditions"]))[:2]
+    assert f"Feasibility: {ruled[0]} x {ruled[1]}" in page, ruled
+    assert f"{ruled[0]} (named by a crash rule)" in page
     out = tmp_path / "rich.html"
     out.write_text(page)
     got = check_in_browser(out)
@@ -198,6 +201,8 @@ def test_importances_and_the_map_parameters_from_the_analysis() -> None:
     views = [TrialRecord(0, "COMPLETE", "ok", {"a": 1, "b": 2, "c": 3, "d": 4}, 1.0, {}, None, 1.0)]
     assert top_parameters(sets[1]["rows"], [], views) == ["b", "a"]
     assert top_parameters([], [{"conditions": [{"param": "d", "op": "=", "value": 4}]}], views) == ["d", "a"]
+    # the parameters that explain the failures come before the most important ones
+    assert top_parameters(sets[1]["rows"], [{"conditions": [{"param": "d", "op": "=", "value": 4}]}], views) == ["d", "b"]
     # with nothing rated, an axis the trials varied before one they held (one value maps nothing)
     views.append(TrialRecord(1, "COMPLETE", "ok", {"a": 1, "b": 2, "c": 5, "d": 6}, 1.0, {}, None, 1.0))
     assert top_parameters([], [], views) == ["c", "d"]
@@ -212,3 +217,23 @@ def test_a_study_without_feasible_trials_still_reports(tmp_path: Path) -> None:
     assert "No feasible trial yet: no profile to export." in page
     assert "not enough trials (0, need" in page  # the analysis' verdict, no chart
     assert 'id="fig-feasibility"' in page and 'id="fig-parallel"' not in page
+
+
+def test_the_feasibility_map_hides_no_trial_under_another() -> None:
+    """Eleven good trials and a crash at one point: one circle sized by its count, the cross beside
+    it; the axes' text values are labelled at their positions."""
+    from autotune.profiles.report_figures import feasibility
+    from autotune.store.record import TrialRecord
+
+    def view(n: int, value: float | None, algo: str = "Ring") -> TrialRecord:
+        failure = None if value is not None else {"kind": "nccl-error", "message": "boom"}
+        return TrialRecord(n, "COMPLETE", "ok" if value is not None else "infeasible",
+                           {"ch": 8, "algo": algo}, value, {}, failure, 1.0)
+
+    views = [view(n, 100.0 + n) for n in range(11)] + [view(11, None), view(12, 90.0, "Tree")]
+    fig = feasibility(views, ["ch", "algo"], "output_throughput")
+    ok, crash = (next(t for t in fig.data if t.name == name) for name in ("feasible", "infeasible: nccl-error"))
+    assert len(ok.x) == 2 and ok.marker.size[0] > ok.marker.size[1] == 10  # 11 trials: one larger marker
+    assert "11 trials here" in ok.text[0]
+    assert (crash.x[0], crash.y[0]) != (ok.x[0], ok.y[0]) and crash.y[0] == ok.y[0]  # set beside, not under
+    assert list(fig.layout.yaxis.ticktext) == ["Ring", "Tree"]

@@ -118,6 +118,46 @@ def test_verify_runs_the_benchmark_with_the_targets_fields_and_hides_the_configs
     assert not any(SECRET in f.read_text(errors="replace") for f in Path(doc["log_dir"]).iterdir())
 
 
+MEASURES_ONE = "{python} -c 'import sys, json; open(sys.argv[1], \"w\").write(json.dumps(dict(output_throughput=1.0)))' {result_file}"
+"""A benchmark that measures 1.0."""
+
+
+@pytest.mark.parametrize("interval, where", [([1.02, 1.08], "below"), ([0.95, 1.05], "inside")])
+def test_verify_states_the_recorded_interval_and_whether_the_run_falls_inside_it(
+        exported: Path, interval: list[float], where: str) -> None:
+    """The benchmark measures 1.0 against a recorded 1.05: within the 10% tolerance either way,
+    and below an interval [1.02, 1.08] (said, though it passes) or inside [0.95, 1.05]."""
+    from autotune.profiles.verify import verify_lines
+
+    prof = json.loads((exported / "p.json").read_text())
+    prof["verify"]["objective"].update(benchmark={"command": MEASURES_ONE, "parse": "json"}, constraints=[])
+    prof["measured"].update(mean=1.05, interval95=interval, count=3)
+    edited = exported / f"interval-{where}.json"
+    edited.write_text(json.dumps(prof))
+    code, doc, err = verify(edited, "--python", sys.executable)
+    assert code == 0 and doc["ok"] and doc["measured"] == 1.0, (doc, err)
+    assert doc["recorded_interval95"] == interval and doc["inside_interval"] == where
+    lines = verify_lines(doc)
+    shown = f"recorded 95% interval [{interval[0]:.4g}, {interval[1]:.4g}]"
+    if where == "inside":
+        assert lines[1] == f"{shown}: the new run is inside it"
+    else:
+        assert lines[1].startswith(f"{shown}: the new run is OUTSIDE it (below it), though within the tolerance")
+    # as the command prints it
+    proc = cli("verify", str(edited), "--python", sys.executable, "--timeout", "120", cwd=exported,
+               env={"TMPDIR": str(exported)})
+    assert proc.returncode == 0 and shown in proc.stdout and ("OUTSIDE" in proc.stdout) == (where == "below"), proc
+
+
+def test_a_profile_without_an_interval_says_so() -> None:
+    from autotune.profiles.verify import verify_lines
+
+    doc = {"recorded": 100.0, "recorded_count": 1, "study": "s", "trial": 3, "direction": "maximize", "ok": True,
+           "tolerance": 0.1, "runs": 1, "metric": "output_throughput", "measured": 95.0, "ratio": 0.95,
+           "recorded_interval95": None, "inside_interval": None}
+    assert verify_lines(doc)[1] == "recorded interval: none (1 measurement recorded: no spread to judge by)"
+
+
 @pytest.mark.parametrize("text, fragment", [
     ("garbage {\n", "not an autotune launch profile"),
     ('{"study": "x"}\n', "no autotune_profile data"),
@@ -132,4 +172,4 @@ def test_a_bad_profile_is_a_one_line_error(tmp_path: Path, text: str, fragment: 
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert code == 2 and len(lines) == 1 and fragment in lines[0] and "Traceback" not in err, err
     code, _, err = verify(tmp_path / "missing.json")
-    assert code == 2 and "no such file" in err
+    assert code == 2 and "profile not found" in err and len(err.strip().splitlines()) == 1

@@ -169,3 +169,37 @@ def test_study_list_at_80_columns_shows_each_name_whole(tmp_path: Path, monkeypa
     assert max(cell_len(line) for line in text.splitlines()) <= 80, text
     assert "sglang_nccl-1006 " in text and "rtx6000-kimi-seed-1001 " in text and "…" not in text, text
     assert "2026-12-05" in text and "00:34 UTC" in text and "00:34:56" not in text
+
+
+@pytest.mark.parametrize("command", [["study", "show"], ["study", "status"], ["study", "best"]])
+def test_piped_output_fits_the_columns_asked_for_with_names_whole(recorded_study: Path, command: list[str]) -> None:
+    """Off a terminal the command line honours COLUMNS (else 80): no line wider, and no parameter
+    name broken across lines."""
+    import os
+    import subprocess
+    import sys
+
+    storage = f"sqlite:///{recorded_study}/studies.db"
+    for columns in (80, 100):
+        proc = subprocess.run([sys.executable, "-m", "autotune", *command, "recorded", "--storage", storage],
+                              capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": str(columns)})
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        assert lines and max(cell_len(line) for line in lines) <= columns, max(lines, key=cell_len)
+        names = set(optuna.load_study(study_name="recorded", storage=storage).trials[0].params)
+        shown = [n for n in names if f"{n}=" in proc.stdout]  # each parameter shown is on one line whole
+        assert shown or command[1] == "status", proc.stdout
+        for name in names - set(shown):
+            assert name[: len(name) // 2] + "\n" not in proc.stdout, name
+
+
+def test_a_trials_live_line_shows_what_it_changes_from_the_baseline() -> None:
+    out = io.StringIO()
+    base = {"a": 1, "b": "x", "c": "unset"}
+    reporter = ConsoleReporter(Console(file=out, width=80, force_terminal=False, color_system=None), baseline=base)
+    reporter.trial_started(0, base, True)
+    reporter.trial_started(1, {"a": 2, "b": "x", "c": "unset"}, False)
+    reporter.trial_started(2, dict(base), False)
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("trial")]
+    assert lines == ["trial 0 (baseline): a=1 b=x", "trial 1: a=2 (the rest as the baseline)",
+                     "trial 2: the baseline's values"]
