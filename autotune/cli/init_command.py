@@ -20,9 +20,11 @@ from typing import Optional
 import typer
 
 from autotune.cli.common import err as _err
+from autotune.cli.common import user_umask
 from autotune.config.starter import STARTERS, Answers, starter_files
 from autotune.config.study import DEFAULT_STORAGE
 from autotune.errors import UsageError
+from autotune.util.files import check_output, write_whole
 
 ENGINES = sorted({e for e, _ in STARTERS})
 
@@ -36,8 +38,8 @@ Examples:
 
 def init(
     engine: Optional[str] = typer.Option(None, "--engine", metavar="|".join(ENGINES), help="The server's engine."),
-    model: Optional[str] = typer.Option(None, "--model", help="A model path or a Hugging Face id."),
-    tp: int = typer.Option(1, "--tp", min=1, max=1024, help="GPUs of one server (tensor parallel size)."),
+    model: Optional[str] = typer.Option(None, "--model", metavar="PATH|HUB_ID", help="A model path or a Hugging Face id."),
+    tp: int = typer.Option(1, "--tp", min=1, max=1024, metavar="N", help="GPUs of one server (tensor parallel size)."),
     device: str = typer.Option("gpu", "--device", metavar="gpu|cpu", help="gpu, or cpu (vLLM's CPU build, transformers)."),
     host: str = typer.Option("local", "--host", metavar="local|ssh://USER@HOST:PORT", help="Where the servers run."),
     python: Optional[str] = typer.Option(None, "--python", metavar="PATH",
@@ -45,13 +47,15 @@ def init(
                                               "python3 over SSH)."),
     draft_model: Optional[str] = typer.Option(None, "--draft-model", metavar="PATH",
                                               help="An EAGLE draft model: tune speculative decoding (SGLang)."),
-    input_tokens: Optional[int] = typer.Option(None, "--input-tokens", min=1, help="Tokens per prompt."),
-    output_tokens: Optional[int] = typer.Option(None, "--output-tokens", min=1, help="Tokens generated per request."),
-    concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1, help="Requests in flight."),
-    prompts: Optional[int] = typer.Option(None, "--prompts", min=1, help="Requests per trial."),
-    trials: Optional[int] = typer.Option(None, "--trials", min=1, help="The trial budget (default: 30 on GPUs, 6 on CPU)."),
-    name: Optional[str] = typer.Option(None, "--name", help="The study name (default: from the model)."),
-    storage: str = typer.Option(DEFAULT_STORAGE, "--storage", help="Optuna storage URL the study will use."),
+    input_tokens: Optional[int] = typer.Option(None, "--input-tokens", min=1, metavar="N", help="Tokens per prompt."),
+    output_tokens: Optional[int] = typer.Option(None, "--output-tokens", min=1, metavar="N", help="Tokens generated per request."),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1, metavar="N", help="Requests in flight."),
+    prompts: Optional[int] = typer.Option(None, "--prompts", min=1, metavar="N", help="Requests per trial."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", metavar="FILE",
+                                          help="A ShareGPT JSON file: its conversations are the prompts."),
+    trials: Optional[int] = typer.Option(None, "--trials", min=1, metavar="N", help="The trial budget (default: 30 on GPUs, 6 on CPU)."),
+    name: Optional[str] = typer.Option(None, "--name", metavar="NAME", help="The study name (default: from the model)."),
+    storage: str = typer.Option(DEFAULT_STORAGE, "--storage", metavar="URL", help="Optuna storage URL the study will use."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="FILE", help="Where to write (default: NAME.yaml)."),
     force: bool = typer.Option(False, "--force", help="Replace files that exist."),
 ) -> None:
@@ -67,22 +71,20 @@ def init(
     name = name or _name_from(model)
     load = {"input_len": input_tokens, "output_len": output_tokens, "concurrency": concurrency, "num_prompts": prompts}
     answers = Answers(engine=engine, model=model, name=name, device=device, tp=tp, host=host, python=python,
-                      draft_model=draft_model, load={k: v for k, v in load.items() if v is not None}, trials=trials,
+                      draft_model=draft_model, load={k: v for k, v in load.items() if v is not None},
+                      dataset=dataset, trials=trials,
                       storage=storage)
     config_path = output or Path(f"{name}.yaml")
     files = starter_files(answers, config_path=str(config_path), when=datetime.date.today().isoformat())
     writes = [(config_path, files.config)]
     if files.space_file is not None and files.space is not None:
         writes.append((Path(files.space_file), files.space))
-    for path, _ in writes:
+    for path, _ in writes:  # every file checked before any is written
+        check_output(path)
         if path.exists() and not force:
             raise UsageError(f"{path} exists: give --force to replace it, or -o another file")
-        if path.exists() and not path.is_file():
-            raise UsageError(f"{path} is not a regular file")
-        if not path.parent.is_dir():
-            raise UsageError(f"{path}: folder {path.parent} does not exist")
     for path, text in writes:
-        path.write_text(text, encoding="utf-8")
+        write_whole(path, text, 0o666 & ~(user_umask() or 0o022))  # a config the user edits and shares
         _err.print(f"wrote {path}", markup=False, soft_wrap=True)
     _err.print(f"next: autotune study start {config_path} --dry-run", markup=False, soft_wrap=True)
 

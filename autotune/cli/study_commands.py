@@ -35,19 +35,28 @@ def study_start(
     ctx: typer.Context,
     config: Optional[Path] = typer.Argument(None, metavar="CONFIG", help="Study config YAML."),
     demo: bool = typer.Option(False, "--demo", help="Run the built-in demo study on the simulated host."),
-    name: Optional[str] = typer.Option(None, "--name", help="Override the study name."),
-    storage: Optional[str] = typer.Option(None, "--storage", help="Override the storage URL."),
-    trials: Optional[int] = typer.Option(None, "--trials", min=1, help="Override the trial budget."),
-    executor: Optional[str] = typer.Option(None, "--executor", help="serial (one trial at a time) or ray (one per slot)."),
-    address: Optional[str] = typer.Option(None, "--address", help="The Ray cluster (auto, HOST:PORT); default: start a local one."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Sampler seed."),
+    name: Optional[str] = typer.Option(None, "--name", metavar="NAME", help="Override the study name."),
+    storage: Optional[str] = typer.Option(None, "--storage", metavar="URL", help="Override the storage URL."),
+    trials: Optional[int] = typer.Option(None, "--trials", min=1, metavar="N", help="Override the trial budget."),
+    executor: Optional[str] = typer.Option(None, "--executor", metavar="serial|ray", help="serial (one trial at a time) or ray (one per slot)."),
+    address: Optional[str] = typer.Option(None, "--address", metavar="auto|HOST:PORT", help="The Ray cluster (auto, HOST:PORT); default: start a local one."),
+    seed: Optional[int] = typer.Option(None, "--seed", metavar="N", help="Sampler seed."),
     baseline_from: Optional[str] = typer.Option(None, "--baseline-from", metavar="STUDY[@STORAGE]",
                                                 help="Use the best trial of another study as the baseline."),
     detach: bool = typer.Option(False, "--detach", help="Run it in the background (a local daemon) and return."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check the config and the hosts, print the baseline's "
                                  "command line and env, and stop: nothing launched or recorded."),
 ) -> None:
-    """Start a study (or continue the one of the same name)."""
+    """Start a study (or continue the one of the same name).
+
+    \b
+    Examples:
+      autotune study start --demo                   # the simulated host, no GPU
+      autotune init --engine vllm --model meta-llama/Llama-3.1-8B-Instruct
+      autotune study start Llama-3.1-8B-Instruct.yaml --dry-run   # the first launch, not run
+      autotune study start Llama-3.1-8B-Instruct.yaml --trials 10
+      autotune study start study.yaml --detach      # in the background: study status / stop
+    """
     from autotune.config.demo import DEMO_CONFIG
 
     if demo == (config is not None):
@@ -133,7 +142,7 @@ def _preflight(plan: Any, hosts: dict[str, Any]) -> None:
 
 
 def study_resume(name: str = NameArg, storage: str = StorageOpt,
-                 trials: Optional[int] = typer.Option(None, "--trials", min=1, help="Override the trial budget.")) -> None:
+                 trials: Optional[int] = typer.Option(None, "--trials", min=1, metavar="N", help="Override the trial budget.")) -> None:
     """Continue a stored study with the config it was started with."""
     from autotune.store.study_view import load_study
 

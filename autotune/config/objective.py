@@ -7,7 +7,8 @@ An objective file looks like::
     direction: maximize
     load: {concurrency: 256, num_prompts: 1024, input_len: 256, output_len: 128, warmup_prompts: 16}
     constraints: ["p99_ttft_ms <= 2000"]   # a trial breaking one is infeasible (slo-violated)
-    early_stop: true                # stop a load that cannot beat the best (autotune.execution.early_stop)
+    early_stop: true                # stop a load that cannot beat the best (autotune.execution.early_stop);
+                                    # or {min_requests: 16, min_seconds: 1}: not before that much load
 
 or, instead of the built-in load generator, an external benchmark whose output is parsed::
 
@@ -59,10 +60,24 @@ LOADGEN_METRICS = frozenset(
 """The metrics of the built-in load generator: an objective without a benchmark uses these."""
 
 
-class LoadSpec(BaseModel):
-    """The built-in load generator's workload (see :class:`autotune.execution.workload.Workload`)."""
+class DatasetSpec(BaseModel):
+    """A load's prompts from a file: ``{kind: sharegpt, path: FILE}`` (ShareGPT JSON, as ``vllm bench
+    serve --dataset-name sharegpt`` reads it), ``output_len`` to replace each answer's length."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+    kind: Literal["sharegpt"]
+    path: str = Field(min_length=1)
+    output_len: int | None = Field(default=None, gt=0, le=10_000_000)
+
+
+class LoadSpec(BaseModel):
+    """The built-in load generator's workload (see :class:`autotune.execution.workload.Workload`):
+    ``input_len`` and ``output_len`` are tokens of the model's tokenizer (``tokenizer``: a local
+    folder or cached hub id to load it from; default the served model's), or ``dataset`` gives the
+    prompts."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     api: Literal["openai", "sglang"] | None = None
     concurrency: int = Field(default=64, gt=0, le=1_000_000)
@@ -73,6 +88,8 @@ class LoadSpec(BaseModel):
     request_rate: float | None = Field(default=None, gt=0)
     request_timeout_s: float = Field(default=300.0, gt=0)
     max_failed_fraction: float = Field(default=0.02, ge=0, le=1)
+    tokenizer: str | None = Field(default=None, min_length=1)
+    dataset: DatasetSpec | None = None
 
 
 ResultFormat = Literal["sglang-bench-serving", "vllm-bench", "nccl-tests", "json", "collectives"]
@@ -88,7 +105,7 @@ class BenchmarkSpec(BaseModel):
     the command and the trial's flags are appended to it.
     """
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     command: str = Field(min_length=1)
     parse: ResultFormat
@@ -134,21 +151,38 @@ class _LoadEntry(LoadSpec):
 
 
 class _Term(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     metric: str = Field(min_length=1)
     weight: float = Field(gt=0)
 
 
+STOP_MIN_REQUESTS = 16
+"""Completed requests of a load before it may stop early (default of ``early_stop.min_requests``)."""
+STOP_MIN_SECONDS = 1.0
+"""Seconds of a load before it may stop early (default of ``early_stop.min_seconds``)."""
+
+
+class EarlyStopSpec(BaseModel):
+    """``early_stop: {min_requests: N, min_seconds: S}``: early stopping on, and no load stops before
+    ``N`` completed requests and ``S`` seconds of its measured run (a stop then saves little, and a
+    short stretch of a load is mostly noise)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+    min_requests: int = Field(default=STOP_MIN_REQUESTS, ge=0, le=10_000_000)
+    min_seconds: float = Field(default=STOP_MIN_SECONDS, ge=0)
+
+
 class _GoalEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     metric: str = Field(min_length=1)
     direction: Literal["maximize", "minimize"]
 
 
 class _ChoiceEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     rule: Literal["bound", "knee", "first"] = "bound"
     tolerance: float = Field(default=DEFAULT_TOLERANCE, ge=0, le=10)
@@ -156,7 +190,7 @@ class _ChoiceEntry(BaseModel):
 
 
 class _ObjectiveFile(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     name: str | None = None
     description: str | None = None
@@ -169,7 +203,20 @@ class _ObjectiveFile(BaseModel):
     weighted: dict[str, list[_Term]] = Field(default_factory=dict)
     benchmark: BenchmarkSpec | None = None
     constraints: list[str] = Field(default_factory=list)
-    early_stop: bool = True
+    early_stop: bool | EarlyStopSpec = True
+
+    @field_validator("early_stop", mode="before")
+    @classmethod
+    def _early_stop_mapping(cls, value: Any) -> Any:
+        """A mapping is an :class:`EarlyStopSpec`, its first error named by its key (not a union's two errors)."""
+        if not isinstance(value, Mapping):
+            return value
+        try:
+            return EarlyStopSpec.model_validate(value)
+        except pydantic.ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(x) for x in first["loc"])
+            raise ValueError(f"{where}: {first['msg']}" if where else first["msg"]) from None
 
     @field_validator("weighted")
     @classmethod
@@ -315,6 +362,8 @@ class Objective:
     early_stop: bool = True
     """Whether a trial's load may stop early once it cannot beat the best so far (where the metric
     allows a bound: :func:`autotune.execution.early_stop.applies`)."""
+    stop_after: EarlyStopSpec = field(default_factory=EarlyStopSpec)
+    """The least load before an early stop (``early_stop: {min_requests, min_seconds}``)."""
 
     def __post_init__(self) -> None:
         if not self.goals:
@@ -461,7 +510,8 @@ class Objective:
         load = loads[0].spec if loads else parsed.load
         return cls(name, goals[0].metric, goals[0].direction, load, tuple(constraints), parsed.benchmark,
                    goals=goals, weighted=weighted, loads=loads, choice=choice,
-                   early_stop=parsed.early_stop)
+                   early_stop=parsed.early_stop is not False,
+                   stop_after=parsed.early_stop if isinstance(parsed.early_stop, EarlyStopSpec) else EarlyStopSpec())
 
 
 def _unknown(what: str, names: frozenset[str], metric: str, defined: set[str] | None = None) -> str:

@@ -22,6 +22,7 @@ from autotune.util import resources as _resources
 from autotune.util.yaml_files import load_yaml_mapping
 from autotune.config.ssh_url import parse_ssh_url
 from autotune.errors import UsageError
+from autotune.util.text import counted
 
 __all__ = ["STARTERS", "Answers", "Starter", "StarterFiles", "starter_files"]
 
@@ -73,7 +74,8 @@ class Answers:
     """What ``autotune init`` asks. ``tp``: GPUs of one server (tensor parallel size);
     ``python``: the interpreter that has the engine (None: the one running autotune, or
     ``python3`` over SSH); ``load``: objective load overrides (``input_len``, ``output_len``,
-    ``concurrency``, ``num_prompts``), None for the objective's own."""
+    ``concurrency``, ``num_prompts``), None for the objective's own; ``dataset``: a ShareGPT JSON
+    file whose conversations are the prompts (in place of ``input_len``)."""
 
     engine: str
     model: str
@@ -84,6 +86,7 @@ class Answers:
     python: str | None = None
     draft_model: str | None = None
     load: dict[str, int] = field(default_factory=dict)
+    dataset: str | None = None
     trials: int | None = None
     storage: str = "sqlite:///autotune.db"
 
@@ -184,10 +187,14 @@ LOAD_KEYS = ("input_len", "output_len", "concurrency", "num_prompts")
 """The load keys a starter config writes out, the objective's own values unless answered."""
 
 
-def _load(starter: Starter, a: Answers) -> dict[str, int]:
+def _load(starter: Starter, a: Answers) -> dict[str, Any]:
     """The workload, written out in full so that the user sees it: the answers over the objective's."""
     own = load_yaml_mapping(_resources.resolve("objectives", starter.objective), "objective").get("load") or {}
-    return {k: int(a.load.get(k) or own[k]) for k in LOAD_KEYS if a.load.get(k) or own.get(k)}
+    load: dict[str, Any] = {k: int(a.load.get(k) or own[k]) for k in LOAD_KEYS if a.load.get(k) or own.get(k)}
+    if a.dataset is not None:
+        load.pop("input_len", None)  # the conversations' own prompts
+        load["dataset"] = {"kind": "sharegpt", "path": a.dataset}
+    return load
 
 
 def _header(a: Answers, starter: Starter, when: str, dropped: list[str], trials: int, path: str) -> list[str]:
@@ -196,7 +203,7 @@ def _header(a: Answers, starter: Starter, when: str, dropped: list[str], trials:
     out = [f"# autotune study: {a.engine} serving {a.model} on {gpus}, on {where}.",
            f"# Written by `autotune init`{' on ' + when if when else ''}. Check it, then:",
            f"#   autotune study start {shlex.quote(path)} --dry-run   # the baseline's launch; starts nothing",
-           f"#   autotune study start {shlex.quote(path)}   # {trials} trials; Ctrl-C stops, a rerun continues",
+           f"#   autotune study start {shlex.quote(path)}   # {counted(trials, 'trial')}; Ctrl-C stops, a rerun continues",
            "#   autotune dashboard   # every trial, in the browser",
            f"#   autotune export {a.name} --format sh -o profile.sh && autotune verify profile.sh"]
     if starter.note:
@@ -227,6 +234,7 @@ _COMMENTS = {
     "output_len:": "# tokens generated per request",
     "concurrency:": "# requests in flight",
     "num_prompts:": "# requests per trial",
+    "dataset:": "# prompts from a ShareGPT JSON file, as vllm bench serve --dataset-name sharegpt reads it",
     "storage:": "# every trial is recorded here: `autotune study show {name}`",
 }
 

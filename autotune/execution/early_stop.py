@@ -14,9 +14,13 @@ recorded as ``stopped``: measured, not infeasible, never the best.
 - The rule (:class:`StopRule`): stop when an optimistic bound on the final value
   (:func:`optimistic_bound`: the hard bound ``W / t``, or the rest of the work at ``1 + MARGIN``
   times the peak rate seen) is below the value to beat less :data:`NOISE`, with evidence that the
-  server serves (:data:`EVIDENCE_SHARE`, :data:`MIN_SHARE`) and not after :data:`LAST_SHARE`.
+  server serves (:data:`EVIDENCE_SHARE`, :data:`MIN_SHARE`), never before the objective's least
+  load (completed requests and seconds: ``early_stop: {min_requests, min_seconds}``) and not
+  after :data:`LAST_SHARE`.
 - The value to beat (:func:`value_to_beat`): the ``k``-th best measured value, ``k`` the size of
-  TPE's good group, so that TPE proposes what it would have without early stopping.
+  TPE's good group, so that TPE proposes what it would have without early stopping, less
+  :data:`NOISE_SDS` times the study's measured run-to-run noise: a run that reads low by noise is
+  not stopped for it.
 - Intermediate values: the projected value at each tenth of the work, for ``trial.report``.
 """
 
@@ -28,10 +32,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.execution.workload import LoadProgress
-from autotune.config.objective import Objective
+from autotune.config.objective import STOP_MIN_REQUESTS, STOP_MIN_SECONDS, Objective
 
 __all__ = ["BOUNDED_METRICS", "EVIDENCE_SHARE", "EarlyStop", "GOOD_MAX", "GOOD_SHARE", "LAST_SHARE", "MARGIN",
-           "MIN_SHARE", "NOISE", "PEAK_SPAN", "STEPS", "StopRule", "applies", "optimistic_bound", "value_to_beat", "work"]
+           "MIN_SHARE", "NOISE", "NOISE_SDS", "PEAK_SPAN", "STEPS", "StopRule", "applies", "optimistic_bound",
+           "value_to_beat", "work"]
 
 BOUNDED_METRICS: dict[str, str] = {
     "output_throughput": "output tokens",
@@ -52,6 +57,10 @@ PEAK_SPAN = 0.10
 """The peak rate is the fastest the trial delivered any span of this share of the work."""
 NOISE = 0.02
 """A trial stops only when its bound is below the value to beat by more than this share."""
+NOISE_SDS = 3.0
+"""The value to beat is lowered by this many run-to-run standard deviations of the study's
+measured noise (:func:`value_to_beat`): about two for the stopped run reading low and the run
+that set the value reading high, with a margin."""
 STEPS = 10
 """Intermediate values are recorded at each 1/STEPS of the work (as percent done)."""
 GOOD_SHARE = 0.1
@@ -99,11 +108,15 @@ def work(metric: str, p: LoadProgress) -> tuple[float, float]:
     raise KeyError(f"no early-stopping bound for metric '{metric}' (bounded: {', '.join(BOUNDED_METRICS)})")
 
 
-def value_to_beat(measured: Sequence[float], budget: int | None, *, maximize: bool = True) -> tuple[float | None, str]:
+def value_to_beat(measured: Sequence[float], budget: int | None, *, maximize: bool = True,
+                  noise_sd: float | None = None) -> tuple[float | None, str]:
     """The value the next trial must be able to beat to go on, and why: from
     the values of the trials measured so far and the study's budget in trials (None: a budget in
     hours, :data:`GOOD_MAX` good trials). None: nothing is stopped (fewer measured trials than
-    TPE's good ones).
+    TPE's good ones). ``noise_sd``: the study's relative run-to-run noise where it measured it
+    (the pooled noise of its configurations measured again); the value is then lowered by
+    :data:`NOISE_SDS` of it, so that a trial whose run reads low by noise, or whose rival's read
+    high, goes on.
 
     Not the best so far: :func:`value_to_beat` is the value a trial must beat to be, at any point
     of the study, one of the *good* trials of Optuna's TPE -- the ``k``-th best measured value, ``k``
@@ -124,9 +137,12 @@ def value_to_beat(measured: Sequence[float], budget: int | None, *, maximize: bo
     ranked = sorted(measured, reverse=maximize)
     if len(ranked) < k:
         return None, ""
-    if k == 1:
-        return ranked[0], "the best so far"
-    return ranked[k - 1], f"the {_ordinal(k)} best so far (TPE's good trials: the best {k})"
+    why = "the best so far" if k == 1 else f"the {_ordinal(k)} best so far (TPE's good trials: the best {k})"
+    value = ranked[k - 1]
+    if noise_sd is not None and noise_sd > 0:
+        value *= max(0.0, 1.0 - NOISE_SDS * noise_sd)
+        why += f" less {NOISE_SDS:g} x the measured run-to-run noise {noise_sd:.1%}"
+    return value, why
 
 
 def _ordinal(n: int) -> str:
@@ -189,7 +205,9 @@ class StopRule:
       ``MARGIN`` covers the run-to-run noise (about 2%) many times over.
 
     The trial stops when the bound is below the value to beat less :data:`NOISE` (a contender within
-    the noise of it is measured to the end), and only with evidence that the server serves: at least
+    the noise of it is measured to the end), never before ``min_requests`` completed requests and
+    ``min_seconds`` of the measured run (the objective's ``early_stop``; :meth:`for_objective`),
+    and only with evidence that the server serves: at least
     :data:`EVIDENCE_SHARE` of the work delivered for the hard bound, and :data:`MIN_SHARE` for the
     extrapolated one (before that the rate is not yet representative); and not after
     :data:`LAST_SHARE` of it, when the rest saves little and the value is worth more measured. With
@@ -211,6 +229,8 @@ class StopRule:
     metric: str
     beat: float | None
     why: str = ""
+    min_requests: int = STOP_MIN_REQUESTS
+    min_seconds: float = STOP_MIN_SECONDS
     intermediate: dict[int, float] = field(default_factory=dict)
     stop: EarlyStop | None = None
     peak: float | None = None
@@ -221,6 +241,11 @@ class StopRule:
     def __post_init__(self) -> None:
         if self.metric not in BOUNDED_METRICS:
             raise KeyError(f"no early-stopping bound for metric '{self.metric}' (bounded: {', '.join(BOUNDED_METRICS)})")
+
+    @classmethod
+    def for_objective(cls, objective: Objective, beat: float | None, why: str = "") -> StopRule:
+        """The rule for ``objective``'s metric and least load (``early_stop: {min_requests, min_seconds}``)."""
+        return cls(objective.metric, beat, why, objective.stop_after.min_requests, objective.stop_after.min_seconds)
 
     def observe(self, p: LoadProgress) -> EarlyStop | None:
         """Take one progress report; the reason to stop now, or None to go on."""
@@ -237,6 +262,8 @@ class StopRule:
         if step and step not in self.intermediate:
             self.intermediate[step] = projected
         if self.beat is None or not EVIDENCE_SHARE <= share <= LAST_SHARE:
+            return None
+        if p.completed < self.min_requests or t < self.min_seconds:
             return None
         bound = optimistic_bound(t, done, total, self.peak)
         if bound < self.beat * (1.0 - NOISE):

@@ -24,17 +24,12 @@ import time
 from typing import Any
 
 import aiohttp
-import numpy as np
 
+from autotune.execution.prompts import Prompt, PromptSet
 from autotune.execution.workload import Workload
-from autotune.util.words import COMMON_WORDS as _WORDS
 
 __all__ = ["Client", "Record", "StreamError", "Tally", "describe", "first_model", "one_line"]
 
-# SGLang prompts are random token ids from this range: above the special tokens of common
-# tokenizers (which sit at the bottom or the top of the vocabulary) and below every common
-# vocabulary size.
-_TOKEN_ID_RANGE = (1000, 30000)
 _decode_json = json.JSONDecoder().decode  # on str: skips json.loads' encoding sniffing per chunk
 # Body fields of the OpenAI API that some servers refuse: ``ignore_eos`` is not an OpenAI field
 # (transformers serve answers HTTP 422), ``stream_options`` is newer than some servers.
@@ -52,16 +47,22 @@ def describe(exc: BaseException) -> str:
     return one_line(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
 
 
-async def first_model(session: aiohttp.ClientSession, base: str, timeout_s: float) -> tuple[str | None, str | None]:
-    """The first model id of ``GET /v1/models``, or ``(None, why not)``; requests then go without a model."""
+async def first_model(session: aiohttp.ClientSession, base: str,
+                      timeout_s: float) -> tuple[str | None, str | None, str | None]:
+    """``(id, root, None)`` of the first model of ``GET /v1/models`` (``root``: where vLLM loaded it
+    from, None where the server does not say), or ``(None, None, why not)``; requests then go
+    without a model."""
     try:
         async with session.get(base + "/v1/models", timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             if resp.status >= 400:
-                return None, one_line(f"GET /v1/models: HTTP {resp.status}: {await resp.text()}")
+                return None, None, one_line(f"GET /v1/models: HTTP {resp.status}: {await resp.text()}")
             data = await resp.json(content_type=None)
-        return str(data["data"][0]["id"]), None
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError, IndexError, TypeError) as exc:
-        return None, "GET /v1/models: " + describe(exc)
+        first = data["data"][0]
+        root = first.get("root")
+        return str(first["id"]), root if isinstance(root, str) and root else None, None
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError, IndexError, TypeError,
+            AttributeError) as exc:
+        return None, None, "GET /v1/models: " + describe(exc)
 
 
 class Record:
@@ -99,12 +100,14 @@ class StreamError(Exception):
 
 
 class Client:
-    """Builds prompts and streams one request; all per-chunk work is here, kept minimal."""
+    """Makes request bodies of the prompts and streams one request; all per-chunk work is here, kept minimal."""
 
-    def __init__(self, session: aiohttp.ClientSession, base: str, workload: Workload, model: str | None) -> None:
+    def __init__(self, session: aiohttp.ClientSession, base: str, workload: Workload, model: str | None,
+                 prompts: PromptSet) -> None:
         self.session = session
         self.workload = workload
         self.model = model
+        self.prompts = prompts
         self.url = base + ("/generate" if workload.api == "sglang" else "/v1/completions")
         self.refused = False  # set once the server refused a connection: it is gone
         # _OPTIONAL_FIELDS a server refused once (an HTTP error naming the field): left out since.
@@ -130,23 +133,24 @@ class Client:
         return self.seen_tokens / self.seen_chunks
 
     def prompt_len(self) -> float:
-        """The mean prompt length of the completed requests (``input_len`` before any)."""
-        return self.seen_prompt / self.seen_requests if self.seen_requests else float(self.workload.input_len)
+        """The mean prompt length of the completed requests (the prompts' planned mean before any)."""
+        return self.seen_prompt / self.seen_requests if self.seen_requests else self.prompts.mean_input
 
-    def payload(self, namespace: int, index: int) -> dict[str, Any]:
-        w = self.workload
-        rng = np.random.default_rng([w.seed, namespace, index])
-        if w.api == "sglang":
-            ids = rng.integers(*_TOKEN_ID_RANGE, size=w.input_len).tolist()
+    def prompt(self, namespace: int, index: int) -> Prompt:
+        """The ``index``-th prompt of the measured run (``namespace`` 0) or of the warm-up (1)."""
+        return (self.prompts.measured if namespace == 0 else self.prompts.warmup)[index]
+
+    def payload(self, prompt: Prompt) -> dict[str, Any]:
+        if self.workload.api == "sglang":
+            source: dict[str, Any] = {"text": prompt.text} if prompt.ids is None else {"input_ids": list(prompt.ids)}
             return {
-                "input_ids": ids,
-                "sampling_params": {"temperature": 0.0, "max_new_tokens": w.output_len, "ignore_eos": True},
+                **source,
+                "sampling_params": {"temperature": 0.0, "max_new_tokens": prompt.output_len, "ignore_eos": True},
                 "stream": True,
             }
-        words = rng.integers(0, len(_WORDS), size=w.input_len)
         body: dict[str, Any] = {
-            "prompt": " ".join([_WORDS[i] for i in words.tolist()]),
-            "max_tokens": w.output_len,
+            "prompt": prompt.text,
+            "max_tokens": prompt.output_len,
             "temperature": 0.0,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -158,7 +162,8 @@ class Client:
             body.pop(name, None)
         return body
 
-    async def send(self, body: dict[str, Any], tally: Tally) -> Record:
+    async def send(self, body: dict[str, Any], tally: Tally, planned_input: int) -> Record:
+        """Stream one request; a completed one without the server's prompt count takes ``planned_input``."""
         rec = Record()
         start = time.perf_counter()
         try:
@@ -172,7 +177,7 @@ class Client:
             if refused is not None:
                 self.dropped.add(refused)
                 del body[refused]
-                return await self.send(body, tally)
+                return await self.send(body, tally, planned_input)
         except asyncio.TimeoutError:
             rec.error = f"TimeoutError: no complete response within {self.workload.request_timeout_s:g} s"
         except aiohttp.ClientConnectorError as exc:
@@ -183,7 +188,7 @@ class Client:
             rec.error = describe(exc)
         rec.end = time.perf_counter()
         if rec.error is None:
-            rec.prompt_tokens = rec.prompt_tokens or self.workload.input_len
+            rec.prompt_tokens = rec.prompt_tokens or planned_input
         return rec
 
     def _refused_field(self, error: str | None, body: dict[str, Any]) -> str | None:

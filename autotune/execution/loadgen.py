@@ -14,6 +14,7 @@ at most ``concurrency`` in flight. A failed request counts in ``failed`` with it
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ import aiohttp
 import numpy as np
 
 from autotune.execution.load_client import Client, Record, Tally, first_model
+from autotune.execution.prompts import PromptError, PromptSet, make_prompts
 from autotune.execution.workload import LoadProgress, LoadResult, Workload
 
 __all__ = ["LoadError", "run_load", "run_load_sync"]
@@ -33,7 +35,8 @@ _PROGRESS_EVERY_S = 0.1
 
 
 class LoadError(RuntimeError):
-    """The load cannot be run at all (e.g. ``base_url`` is not an ``http(s)://`` URL).
+    """The load cannot be run at all (``base_url`` is not an ``http(s)://`` URL, the tokenizer the
+    workload names does not load, its dataset cannot be read).
 
     Problems of the server under test (refused connections, HTTP errors, timeouts, a crash) never
     raise: they are counted as failed requests in the :class:`LoadResult`.
@@ -55,8 +58,15 @@ async def run_load(
     report); once it returns true, in-flight requests are cancelled, no more are sent, and what
     was measured so far is returned.
 
+    The prompts (:mod:`autotune.execution.prompts`) are made before the warm-up, with the tokenizer
+    of ``workload.tokenizer``, else of the served model (``workload.model``, else vLLM's ``root`` or
+    the ``id`` of ``GET /v1/models``, else ``workload.tokenizer_hint``); the first time a process
+    makes them without a tokenizer, it says so on stderr (:attr:`LoadResult.prompts` always says
+    how they were made).
+
     Raises:
-        LoadError: ``base_url`` is not an ``http://`` or ``https://`` URL.
+        LoadError: ``base_url`` is not an ``http://`` or ``https://`` URL; the prompts cannot be
+            made (:class:`~autotune.execution.prompts.PromptError`).
         Exception: whatever ``on_progress`` or ``should_stop`` raised (the run ends there).
     """
     parts = urlsplit(base_url)
@@ -67,23 +77,29 @@ async def run_load(
     timeout = aiohttp.ClientTimeout(total=workload.request_timeout_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         errors: list[str] = []
-        model = workload.model
+        model, root = workload.model, None
         if workload.api == "openai" and model is None:
-            model, problem = await first_model(session, base, min(10.0, workload.request_timeout_s))
+            model, root, problem = await first_model(session, base, min(10.0, workload.request_timeout_s))
             if problem:
                 errors.append(problem)
-        client = Client(session, base, workload, model)
+        try:
+            names = (workload.model, root, model, workload.tokenizer_hint)
+            prompts = await asyncio.to_thread(make_prompts, workload, names)
+        except PromptError as exc:
+            raise LoadError(str(exc)) from None
+        _say_once(prompts)
+        client = Client(session, base, workload, model, prompts)
         stop = _Stop(should_stop)
         if workload.warmup_prompts:
             warmup = _Run(client, workload.warmup_prompts, min(workload.warmup_prompts, workload.concurrency),
                           None, stop, None, namespace=1)
             await warmup.execute()
         if stop.stopped:
-            return _summarize(workload, _RunOutcome([], 0.0), errors)
+            return _summarize(workload, _RunOutcome([], 0.0), errors, prompts.note)
         measured = _Run(client, workload.num_prompts, workload.concurrency, workload.request_rate, stop,
                         on_progress, namespace=0)
         outcome = await measured.execute()
-    return _summarize(workload, outcome, errors)
+    return _summarize(workload, outcome, errors, prompts.note)
 
 
 def run_load_sync(
@@ -98,6 +114,16 @@ def run_load_sync(
 
 
 # -- implementation ----------------------------------------------------------------------------
+
+_SAID: set[str] = set()
+
+
+def _say_once(prompts: PromptSet) -> None:
+    """Say on stderr, once per process and note, that a load's prompt lengths are approximate."""
+    if not prompts.exact and prompts.note not in _SAID:
+        _SAID.add(prompts.note)
+        print(f"autotune: {prompts.note}", file=sys.stderr)
+
 
 
 class _Stop:
@@ -158,7 +184,7 @@ class _Run:
             elapsed_s=time.perf_counter() - self.start, completed=self.completed, failed=self.failed, total=self.total,
             output_tokens=self.output_done + self.tally.streamed * c.tokens_per_chunk(),
             input_tokens=self.input_done + self.tally.started * prompt,
-            output_tokens_total=float(self.total * c.workload.output_len),
+            output_tokens_total=float(c.prompts.output_total),
             input_tokens_total=self.input_done + (self.total - self.completed) * prompt)
 
     def _report(self, *, force: bool = False) -> None:
@@ -218,10 +244,11 @@ class _Run:
 
     async def _one(self, index: int) -> None:
         async with self.semaphore:
-            body = self.client.payload(self.namespace, index)
+            prompt = self.client.prompt(self.namespace, index)
+            body = self.client.payload(prompt)
             self.in_flight += 1
             try:
-                record = await self.client.send(body, self.tally)
+                record = await self.client.send(body, self.tally, prompt.input_len)
             finally:
                 self.in_flight -= 1
         self.tally.streamed -= record.streamed
@@ -256,7 +283,7 @@ def _stats(name: str, values: np.ndarray, metrics: dict[str, float]) -> None:
         metrics[f"p99_{name}_ms"] = float(np.percentile(ms, 99))
 
 
-def _summarize(workload: Workload, outcome: _RunOutcome, errors: list[str]) -> LoadResult:
+def _summarize(workload: Workload, outcome: _RunOutcome, errors: list[str], prompts: str) -> LoadResult:
     ok = [r for r in outcome.records if r.error is None]
     failed = len(outcome.records) - len(ok) + outcome.cancelled
     for r in outcome.records:
@@ -292,4 +319,4 @@ def _summarize(workload: Workload, outcome: _RunOutcome, errors: list[str]) -> L
     _stats("itl", np.concatenate(itl) if itl else np.empty(0), metrics)
     _stats("e2e_latency", np.array([r.latency for r in ok]), metrics)
     return LoadResult(metrics=metrics, completed=len(ok), failed=failed, errors=errors, duration_s=duration,
-                      cancelled=outcome.cancelled)
+                      cancelled=outcome.cancelled, prompts=prompts)

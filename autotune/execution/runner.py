@@ -40,7 +40,7 @@ from autotune.execution.log_watcher import LogWatcher
 from autotune.execution.provenance import runner_for
 from autotune.execution.stopping import StopRequest
 from autotune.execution.trial import PhaseCallback, TrialResult, TrialSpec
-from autotune.execution.workload import LoadProgress, Workload
+from autotune.execution.workload import LoadProgress, workload_of
 from autotune.outcome.failures import FAULT_KINDS, Failure, Phase, classify, excerpt, find_error
 from autotune.outcome.results import ResultParseError, parse_result
 from autotune.util.net import http_ok
@@ -359,22 +359,12 @@ class TrialRunner:
         it once it cannot beat ``spec.beat_value``."""
         load = self.objective.load if named is None else named.spec
         prefix, which = ("", "") if named is None else (named.prefix, f"{named.name}: ")
-        workload = Workload(
-            api=self.api,  # type: ignore[arg-type]
-            num_prompts=load.num_prompts,
-            concurrency=load.concurrency,
-            input_len=load.input_len,
-            output_len=load.output_len,
-            warmup_prompts=load.warmup_prompts,
-            request_rate=load.request_rate,
-            model=self.fields.get("served_model_name") or None,
-            request_timeout_s=load.request_timeout_s,
-        )
+        workload = workload_of(load, api=self.api, model=self.fields.get("served_model_name") or None,  # type: ignore[arg-type]
+                               tokenizer_hint=self.fields.get("model") or None)
         phase_cb("warming", f"{which}{load.warmup_prompts} requests")
         last_check = 0.0
         server_down = False
-        rule = (StopRule(self.objective.metric, spec.beat_value, spec.beat_reason)
-                if applies(self.objective) else None)
+        rule = StopRule.for_objective(self.objective, spec.beat_value, spec.beat_reason) if applies(self.objective) else None
 
         def should_stop() -> bool:
             nonlocal last_check, server_down

@@ -17,6 +17,8 @@ from typing import Callable
 
 import paramiko
 
+from autotune.config.secrets import StreamRedactor
+
 __all__ = ["Forward", "LogStream", "reason"]
 
 
@@ -28,15 +30,18 @@ def reason(exc: BaseException) -> str:
 
 class LogStream(threading.Thread):
     """Runs ``command`` (a tail of the remote log) on a channel and appends its stdout to
-    ``log_path``; its stderr, at the end, is the server's exit status (``exit_code``; None where
+    ``log_path`` (through ``redact`` where given); its stderr, at the end, is the server's exit status (``exit_code``; None where
     it printed none). ``lost``: the connection dropped before the command ended (the channel
     closed without an exit status of its own)."""
 
-    def __init__(self, transport: paramiko.Transport, command: str, log_path: Path) -> None:
+    def __init__(self, transport: paramiko.Transport, command: str, log_path: Path,
+                 redact: StreamRedactor | None = None) -> None:
         super().__init__(name=f"ssh-log-{log_path.name}", daemon=True)
         self.transport = transport
         self.command = command
         self.log_path = log_path
+        self.redact = redact
+        """Where given, every chunk passes through it before it is written: no secret reaches the file."""
         self.done = threading.Event()
         self.lost = False
         self.error = ""
@@ -74,8 +79,10 @@ class LogStream(threading.Thread):
                     self.lost = True
                     return
                 if not data:
+                    if self.redact is not None:
+                        log.write(self.redact.end())
                     break
-                log.write(data)
+                log.write(self.redact.feed(data) if self.redact is not None else data)
                 log.flush()
         err = b""
         while True:

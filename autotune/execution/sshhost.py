@@ -43,6 +43,7 @@ import invoke
 import paramiko
 from fabric import Connection
 
+from autotune.config.secrets import StreamRedactor
 from autotune.config.ssh_url import parse_ssh_url
 from autotune.execution.hosts import MIN_FREE_BYTES, TAG_ENV, Host, HostFault, ServerLeftRunning, ServerProcess, check_log_folder
 from autotune.execution.ssh_channels import Forward, LogStream, reason
@@ -79,6 +80,7 @@ class SSHHost(Host):
     """
 
     remote = True
+    redacts_logs = True
 
     def __init__(self, spec: str, options: SSHOptions | None = None) -> None:
         self.name = spec
@@ -264,9 +266,10 @@ class SSHHost(Host):
             raise HostFault("log-unwritable", f"working directory {workdir} on {self.name} is not writable")
 
     def launch(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path, *, cwd: Path | None = None,
-               port: int | None = None) -> ServerProcess:
+               port: int | None = None, redact: StreamRedactor | None = None) -> ServerProcess:
         """Start ``argv`` on the host (in ``cwd`` if given, else the working directory, after the
-        setup line) in a session of its own; its log streams into ``log_path``.
+        setup line) in a session of its own; its log streams into ``log_path``, through ``redact``
+        where given (the remote copy under the working directory stays the server's own).
 
         Raises:
             HostFault: ``launch-failed`` (no working directory, no such command), ``setup-failed``,
@@ -318,7 +321,7 @@ class SSHHost(Host):
         gpu_before = gpu_memory(result.stdout)
         conn = self.connection()
         assert conn.transport is not None
-        stream = LogStream(conn.transport, stream_command(tag, pgid, folder), log_path)
+        stream = LogStream(conn.transport, stream_command(tag, pgid, folder), log_path, redact)
         stream.start()
         return _SSHProcess(self, conn.transport, stream, log_path, tag, pgid, folder, port, gpu_before,
                            int(nice.group(1)) if nice else None)

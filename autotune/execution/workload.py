@@ -10,16 +10,34 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["LoadProgress", "LoadResult", "Workload"]
+from autotune.config.objective import LoadSpec
+
+__all__ = ["Dataset", "LoadProgress", "LoadResult", "Workload", "workload_of"]
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A file of prompts instead of random ones: ``kind="sharegpt"``, a ShareGPT JSON file (a list of
+    ``{"conversations": [{"value": ...}, ...]}``) as ``vllm bench serve --dataset-name sharegpt``
+    reads it; ``output_len`` replaces each answer's length when given."""
+
+    path: str
+    kind: Literal["sharegpt"] = "sharegpt"
+    output_len: int | None = None
 
 
 @dataclass(frozen=True)
 class Workload:
     """What to send: prompt shape, how many, how concurrently, and how fast.
 
-    ``api="openai"`` streams ``POST /v1/completions`` with a text prompt of ``input_len`` random
-    words; ``api="sglang"`` streams SGLang's ``POST /generate`` with ``input_len`` random token ids.
-    Both ask for exactly ``output_len`` tokens (``ignore_eos``). ``request_rate=None`` sends all
+    ``api="openai"`` streams ``POST /v1/completions`` with a text prompt; ``api="sglang"`` streams
+    SGLang's ``POST /generate`` with token ids (text with a ``dataset``). The prompts
+    (:mod:`autotune.execution.prompts`) are ``input_len`` tokens of the model's tokenizer, made as
+    ``vllm bench serve --dataset-name random`` makes them (``tokenizer``: where to load it from,
+    an error where it does not load; None: the served model's, else ``tokenizer_hint``'s, e.g. the
+    target's model path), or, with a ``dataset``, its conversations; without a tokenizer,
+    ``input_len`` random words. Each request asks for exactly ``output_len`` tokens (a dataset's
+    own lengths) with ``ignore_eos``. ``request_rate=None`` sends all
     requests at once, at most ``concurrency`` in flight (closed loop); otherwise requests arrive as
     a Poisson process of that rate (per second), still capped at ``concurrency`` in flight.
     ``warmup_prompts`` requests are sent and awaited before the measured run and are not counted.
@@ -40,6 +58,9 @@ class Workload:
     model: str | None = None
     request_timeout_s: float = 300.0
     seed: int = 0
+    tokenizer: str | None = None
+    tokenizer_hint: str | None = None
+    dataset: Dataset | None = None
 
     def __post_init__(self) -> None:
         if self.api not in ("openai", "sglang"):
@@ -52,8 +73,25 @@ class Workload:
             raise ValueError(f"workload request_rate must be a positive number or None, got {self.request_rate!r}")
         if not _positive_number(self.request_timeout_s):
             raise ValueError(f"workload request_timeout_s must be a positive number, got {self.request_timeout_s!r}")
-        if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()):
-            raise ValueError(f"workload model must be a non-empty string or None, got {self.model!r}")
+        for name in ("model", "tokenizer"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ValueError(f"workload {name} must be a non-empty string or None, got {value!r}")
+        if self.dataset is not None and self.dataset.output_len is not None:
+            _check_int("dataset output_len", self.dataset.output_len, minimum=1)
+
+
+def workload_of(load: LoadSpec, *, api: Literal["openai", "sglang"], model: str | None,
+                tokenizer_hint: str | None = None) -> Workload:
+    """The workload of an objective's load (:class:`~autotune.config.objective.LoadSpec`), every
+    field of it, for ``api`` and the served ``model`` (None: the server's first); ``tokenizer_hint``:
+    one more place to find the tokenizer (the target's model path)."""
+    ds = load.dataset
+    return Workload(api=api, num_prompts=load.num_prompts, concurrency=load.concurrency, input_len=load.input_len,
+                    output_len=load.output_len, warmup_prompts=load.warmup_prompts, request_rate=load.request_rate,
+                    model=model, request_timeout_s=load.request_timeout_s, tokenizer=load.tokenizer,
+                    tokenizer_hint=tokenizer_hint,
+                    dataset=None if ds is None else Dataset(ds.path, ds.kind, ds.output_len))
 
 
 @dataclass(frozen=True)
@@ -70,8 +108,8 @@ class LoadProgress:
     ``completed`` and ``failed`` count finished requests of ``total``; ``output_tokens`` and
     ``input_tokens`` are what the server has delivered so far (in flight included; a request's
     prompt counts once its first token came); ``output_tokens_total`` and ``input_tokens_total``
-    what the whole run delivers if every request completes (``num_prompts x output_len``; the
-    prompts as counted so far, the rest at the mean prompt length seen, else ``input_len``).
+    what the whole run delivers if every request completes (the prompts' output lengths; the
+    prompts as counted so far, the rest at the mean prompt length seen, else the planned mean).
     """
 
     elapsed_s: float
@@ -121,7 +159,8 @@ class LoadResult:
     Output tokens of a request are the server's count when it gives one (OpenAI ``usage`` with
     ``stream_options.include_usage``, which is requested; SGLang ``meta_info.completion_tokens``),
     else the number of chunks that carried text. Input tokens likewise (``prompt_tokens``), else
-    the workload's ``input_len``.
+    the prompt's planned length (:class:`~autotune.execution.prompts.Prompt`). ``prompts`` says
+    how the prompts were made (tokens of which tokenizer, or the approximation without one).
 
     ``completed`` and ``failed`` count measured requests only (requests cancelled by
     ``should_stop`` count as failed, and in ``cancelled`` too; requests never sent count in
@@ -134,6 +173,7 @@ class LoadResult:
     errors: list[str] = field(default_factory=list)
     duration_s: float = 0.0
     cancelled: int = 0
+    prompts: str = ""
 
 
 def _check_int(name: str, value: Any, *, minimum: int) -> None:

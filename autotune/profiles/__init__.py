@@ -5,7 +5,7 @@
   built from its command line (:mod:`~autotune.profiles.command`), its measurement
   (:mod:`~autotune.profiles.measurement`) and its memory back-off (:mod:`~autotune.profiles.memory`).
 - :mod:`~autotune.profiles.verify`: launch a profile and measure it again.
-- :mod:`~autotune.profiles.writing`: write a profile or a report whole, with its mode.
+- :mod:`~autotune.profiles.writing`: the modes a profile or a report is written with.
 - :mod:`~autotune.profiles.report`: the HTML report (``templates/report.html.j2``) and its
   charts (:mod:`~autotune.profiles.report_figures`).
 """

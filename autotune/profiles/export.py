@@ -214,4 +214,7 @@ def from_study(study: Any, storage: str, *, port: int | None = None, python: str
         prof["objectives"] = [{**g.to_json(), "value": v} for g, v in zip(goals, best.values or [])]
     if choice is not None:
         prof["choice"] = choice
+    simpler = getattr(best.measured, "simpler", None) if best.measured is not None else None
+    if simpler is not None:  # a better figure within the noise, passed over for fewer changes
+        prof["simpler"] = simpler.to_json()
     return prof, exported

@@ -246,6 +246,8 @@ def _header(prof: Mapping[str, Any], fmt: str) -> list[str]:
         lines.append(f"{prof['metric']} = {show_number(prof['value'])}{unit} ({prof['direction']}), exported {prof['exported_at']}")
     if prof.get("choice"):
         lines.append(f"chosen: {prof['choice']['text']}")
+    if prof.get("simpler"):
+        lines.append(f"chosen: {prof['simpler']['text']}")
     if measured.get("text"):
         lines.append(f"measured: {measured['text']}")
     if prov:

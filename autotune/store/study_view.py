@@ -82,6 +82,9 @@ class Measured:
     trials: tuple[int, ...]
     noise: Noise | None = field(default=None, compare=False)
     """The study's run-to-run noise (:func:`measured_configs` sets it), None when unknown."""
+    simpler: Simpler | None = field(default=None, compare=False)
+    """Set where :func:`best_of` chose this configuration over one with a better figure within the
+    noise, for its fewer changes from the baseline."""
 
     @property
     def count(self) -> int:
@@ -131,12 +134,38 @@ class Measured:
         ``values``/``trials``: exactly those measurements; ``excluded``: the first run,
         ``{"trial", "value"}``, left out of the figure (None when the configuration was measured
         once); ``noise``: the pooled noise the interval used (None when it used the runs' own
-        spread, or has none)."""
+        spread, or has none); ``simpler``: why a configuration with a better figure was passed over
+        (:class:`Simpler`), None where none was."""
         interval, noise = self.interval95, self.pooled
         return {"count": len(self.backing), "mean": self.mean, "interval95": None if interval is None else list(interval),
                 "values": list(self.backing), "trials": list(self.backing_trials),
                 "excluded": {"trial": self.trials[0], "value": self.values[0]} if self.first_excluded else None,
-                "noise": None if noise is None else noise.to_json()}
+                "noise": None if noise is None else noise.to_json(),
+                "simpler": None if self.simpler is None else self.simpler.to_json()}
+
+
+@dataclass(frozen=True)
+class Simpler:
+    """The best is not the configuration with the best figure (trial ``over``, figure
+    ``over_value``, ``over_changes`` parameters changed from the baseline) but one within the
+    study's measured noise of it (``within``: the 95% half-width of the difference) with fewer
+    changes (``changes``): the one a person would pick, where the data cannot tell them apart."""
+
+    over: int
+    over_value: float
+    over_changes: int
+    changes: int
+    within: float
+
+    @property
+    def text(self) -> str:
+        return (f"chosen over trial {self.over} ({self.over_value:.4g}, {counted(self.over_changes, 'change')} from "
+                f"the baseline): within the measured noise of it (+/-{self.within:.3g}), with "
+                f"{counted(self.changes, 'change')}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"over": self.over, "over_value": self.over_value, "over_changes": self.over_changes,
+                "changes": self.changes, "within": self.within, "text": self.text}
 
 
 @dataclass(frozen=True)
@@ -197,10 +226,11 @@ def backing_text(m: Measured) -> str:
     what = f"mean of {n} measurements{after}" if n > 1 else f"1 measurement{after}"
     which = f"trial{'s' if n != 1 else ''} {', '.join(map(str, m.backing_trials))}"
     if m.interval95 is None:
-        return f"{what} ({which}), no interval"
+        return f"{what} ({which}), no interval" + ("" if m.simpler is None else f"; {m.simpler.text}")
     lo, hi = m.interval95
     pool = "" if m.pooled is None else f" ({m.pooled})"
-    return f"{what} ({which}), 95% interval [{lo:.4g}, {hi:.4g}]{pool}"
+    simpler = "" if m.simpler is None else f"; {m.simpler.text}"
+    return f"{what} ({which}), 95% interval [{lo:.4g}, {hi:.4g}]{pool}{simpler}"
 
 
 def config_key(params: dict[str, Any]) -> str:
@@ -294,8 +324,10 @@ def best_view(study: optuna.Study) -> TrialRecord | None:
     configuration (trials with the same applied parameters: the mean of the runs after its first
     when it was measured again) and ``measured`` its measurements: a configuration measured again
     is judged on the runs that confirmed it, not on the lucky run that made it a candidate; and a
-    configuration measured once beats a confirmed one only by more than the noise (:func:`best_of`).
-    Ties go to the configuration measured first.
+    configuration measured once beats a confirmed one only by more than the noise (:func:`best_of`);
+    among configurations within the measured noise of the best figure, the one with the fewest
+    changes from the baseline (:func:`simplest_within_noise`). Exact ties go to the configuration
+    measured first.
     """
     if is_multi_objective(study):
         views = trial_views(study)
@@ -312,7 +344,8 @@ def best_of(views: Sequence[TrialRecord], maximize: bool) -> TrialRecord | None:
     more than :data:`LUCK_SDS` run-to-run standard deviations (:func:`pooled_noise`). Among many
     near-equal configurations the best single run reads high by about that much (the winner's
     curse), while the confirmed figure does not: compared as they are, the lucky run wins, and
-    the study reports one unconfirmed measurement though it confirmed its candidates.
+    the study reports one unconfirmed measurement though it confirmed its candidates. Then
+    :func:`simplest_within_noise` may prefer a simpler configuration.
     """
     configs = measured_configs(views)
     if not configs:
@@ -325,9 +358,47 @@ def best_of(views: Sequence[TrialRecord], maximize: bool) -> TrialRecord | None:
         noise = rival.noise
         if noise is not None and sign * (best.mean - rival.mean) <= LUCK_SDS * noise.sd * abs(rival.mean):
             best = rival
+    baseline = next((v for v in views if v.baseline and v.value is not None), None)
+    if baseline is not None:
+        best = simplest_within_noise(best, configs, baseline.params, maximize)
     first = next(v for v in views if v.number == best.trials[0])
     return dataclasses.replace(first, value=best.mean, measured=best,
                                metrics=_mean_metrics([v for v in views if v.number in best.backing_trials]))
+
+
+def changes(params: dict[str, Any], baseline: dict[str, Any]) -> int:
+    """How many parameters ``params`` sets otherwise than ``baseline`` (one left out counts)."""
+    return sum(params.get(k) != baseline.get(k) for k in set(params) | set(baseline))
+
+
+def simplest_within_noise(best: Measured, configs: Sequence[Measured], baseline: dict[str, Any],
+                          maximize: bool) -> Measured:
+    """``best``, or the configuration with the fewest :func:`changes` from ``baseline`` among those
+    whose figure is within the measured noise of ``best``'s (then the better figure), with
+    :attr:`Measured.simpler` saying why.
+
+    Within the noise: the figures differ by at most the 95% half-width of their difference,
+    ``t95(df) x sd x |best| x sqrt(1/n_best + 1/n)`` with the study's pooled run-to-run noise
+    (:func:`pooled_noise`; none measured: ``best``) and ``n`` the runs behind each figure. Where
+    ``best`` was measured again, only configurations measured again are candidates, so that a
+    single lucky-or-unlucky run never replaces a confirmed figure.
+    """
+    noise = best.noise
+    if noise is None or noise.df < 1:
+        return best
+    sign = 1.0 if maximize else -1.0
+    mine = changes(best.params, baseline)
+
+    def within(m: Measured) -> float:
+        return t95(noise.df) * noise.sd * abs(best.mean) * math.sqrt(1 / len(best.backing) + 1 / len(m.backing))
+
+    tied = [m for m in configs if (m.first_excluded or not best.first_excluded)
+            and sign * (best.mean - m.mean) <= within(m)]
+    pick = min(tied, key=lambda m: (changes(m.params, baseline), -sign * m.mean), default=best)
+    if pick is best or changes(pick.params, baseline) >= mine:
+        return best
+    return dataclasses.replace(pick, simpler=Simpler(best.trials[0], best.mean, mine, changes(pick.params, baseline),
+                                                     within(pick)))
 
 
 def _mean_metrics(views: Sequence[TrialRecord]) -> dict[str, float]:

@@ -46,13 +46,14 @@ from autotune.search.implied import Implication
 from autotune.store import record
 from autotune.store.record import FAILURE_CONSTRAINT, Outcome, carried
 from autotune.store.storage import artifact_dir, check_artifacts_writable, check_storage, low_disk, open_storage
-from autotune.store.study_view import best_moved, best_view, trial_views
+from autotune.store.study_view import best_moved, best_view, measured_configs, pooled_noise, trial_views
 from autotune.store.trial_result import result_attrs
 from autotune.study import confirmation, identity, skips, texts
 from autotune.study.leftovers import Leftovers
 from autotune.study.lease import StudyLease
 from autotune.study.notes import write_notes, write_trial_note
 from autotune.study.reporting import QuietReporter, Reporter
+from autotune.util.text import counted
 
 WAIT_S = 1.0
 """How long the driver waits for a trial to finish before it looks at the study again."""
@@ -302,9 +303,11 @@ class Driver:
         if (early_stop_applies(self.objective) and not is_baseline and not trial.user_attrs.get("ablation")
                 and "confirms" not in trial.user_attrs):
             # (the reference runs and the confirmation runs are measured to the end)
-            measured = [v.value for v in trial_views(study) if v.value is not None]
-            beat, beat_why = value_to_beat(measured, self.budget_trials,
-                                           maximize=self.objective.direction == "maximize")
+            views = trial_views(study)
+            noise = pooled_noise(measured_configs(views))  # run-to-run, where the study measured it
+            beat, beat_why = value_to_beat([v.value for v in views if v.value is not None], self.budget_trials,
+                                           maximize=self.objective.direction == "maximize",
+                                           noise_sd=noise.sd if noise is not None else None)
         spec = TrialSpec(trial.number, env=launch.env, args=launch.args, ready_timeout_s=timeout,
                          ready_timeout_reason=why, beat_value=beat, beat_reason=beat_why)
         last = {"phase": ""}
@@ -418,7 +421,7 @@ class Driver:
     def _budget_spent(self, study: optuna.Study) -> str:
         done = finished_trials(study)
         if self.budget_trials is not None and len(done) >= self.budget_trials:
-            return f"budget reached: {len(done)} trials"
+            return f"budget reached: {counted(len(done), 'trial')}"
         if self.config.budget.hours is not None:
             spent = sum(float(t.user_attrs.get("duration_s", 0.0)) for t in study.get_trials(deepcopy=False))
             if spent >= self.config.budget.hours * 3600:

@@ -229,7 +229,8 @@ def note_for(study: optuna.Study, t: FrozenTrial) -> str:
 def study_note(study: optuna.Study, records: Sequence[TrialRecord] | None = None) -> str:
     """The study's note: the outcome counts, the best as ``study best`` chooses it, and where
     the dashboard's own "Best Trial" card (the highest single value, whatever measured it again)
-    shows another trial, which one and why it is not the best."""
+    shows a trial outside the runs the best's figure is the mean of (another configuration, or the
+    first run of the best's own), which one and why."""
     records = read_all(study) if records is None else list(records)
     metric = objective_metric(study) or "value"
     unit = unit_of(metric)
@@ -246,7 +247,7 @@ def study_note(study: optuna.Study, records: Sequence[TrialRecord] | None = None
     else:  # a multi-objective study: the rule's pick from the front
         out += ["", f"**Chosen from the Pareto front:** trial {best.number}: {_code(shown)}"]
     card = _dashboard_best(study)
-    if card is not None and best.measured is not None and card.number not in best.measured.trials:
+    if card is not None and best.measured is not None and card.number not in best.measured.backing_trials:
         out += ["", f"The dashboard's *Best Trial* card shows trial {card.number} ({_fmt(card.value)} {_text(unit)}): "
                     "the highest single run; " + _text(_why_not_best(card, best)) + "."]
     return "\n".join(out) + "\n"
@@ -280,7 +281,7 @@ def trial_note_extra(study: optuna.Study, t: FrozenTrial, best: TrialRecord | No
     """What a trial's note adds when the dashboard's best card shows it but it is not the best."""
     card = _dashboard_best(study)
     if best is None or best.measured is None or card is None or card.number != t.number \
-            or t.number in best.measured.trials:
+            or t.number in best.measured.backing_trials:
         return ""
     return (f"\n**Not the best:** the dashboard's Best Trial card shows this trial, but {_text(_why_not_best(card, best))}; "
             f"the best is trial {best.number} (the study's note says why).\n")

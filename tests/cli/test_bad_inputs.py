@@ -477,6 +477,10 @@ CASES: list[Case] = [
     Case("config-budget-trials-text", START, "budget.trials: Input should be a valid integer", cfg(budget="{trials: '1'}")),
     Case("config-budget-trials-float", START, "budget.trials: Input should be a valid integer", cfg(budget="{trials: 1.0}")),
     Case("config-seed-true", START, "seed: Input should be a valid integer", cfg(seed="true")),
+    Case("config-load-concurrency-true", START, "load.concurrency: Input should be a valid integer",
+         cfg(objective_overrides="{load: {concurrency: true}}")),
+    Case("config-load-prompts-text", START, "load.num_prompts: Input should be a valid integer",
+         cfg(objective_overrides="{load: {num_prompts: '8'}}")),
     Case("config-seed-quoted-number", START, "seed: Input should be a valid integer", cfg(seed="'7'")),
     Case("config-retries-false", START, "max_fault_retries: Input should be a valid integer", cfg(max_fault_retries="false")),
     Case("config-port-text", START, "target.port: Input should be a valid integer", target(port="'8000'")),
@@ -741,7 +745,7 @@ def test_a_resumed_study_keeps_the_trials_of_its_start(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/t.db"
     autotune("study", "start", "--demo", "--trials", "1", "--storage", url, cwd=tmp_path)
     again = autotune("study", "resume", "demo", "--storage", url, cwd=tmp_path)
-    assert "budget reached: 1 trials" in again.stderr, again.stderr
+    assert "budget reached: 1 trial" in again.stderr, again.stderr
     study = optuna.load_study(study_name="demo", storage=url)
     assert study.user_attrs["config"]["budget"]["trials"] == 1
     assert len(study.trials) == 1

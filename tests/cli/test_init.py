@@ -159,3 +159,37 @@ def test_a_fixed_port_in_use_stops_before_any_trial(cli: Cli, tmp_path: Path) ->
         _one_error(cli("study", "start", "port.yaml", cwd=tmp_path, check=False),
                    f"target.port {port} is in use on local")
     assert not (tmp_path / "s.db").exists()
+
+
+def test_the_readmes_configs_are_what_init_writes(cli: Cli, tmp_path: Path) -> None:
+    import re
+    import shlex
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", readme, re.S)
+    commands = ["autotune init --engine vllm --model meta-llama/Llama-3.1-8B-Instruct --tp 2",
+                " ".join(re.search(r"\(`(autotune init --engine sglang[^`]*)`\)", readme, re.S).group(1).split())]
+    assert commands[0] in readme
+    for command, block in zip(commands, blocks[:2]):
+        args = shlex.split(command)[1:]
+        cli(*args, "--force", cwd=tmp_path)
+        name = args[args.index("--model") + 1].rstrip("/").split("/")[-1]
+        assert yaml.safe_load((tmp_path / f"{name}.yaml").read_text()) == yaml.safe_load(block), command
+
+
+def test_an_nccl_objective_without_gpus_stops_before_any_trial(cli: Cli, tmp_path: Path) -> None:
+    """`objective: nccl` runs its benchmark with --backend nccl; on a machine where torch sees no GPU
+    (this one, and CI's) every trial would fail alike: the preflight says so once, exit 2."""
+    from tests.needs import require_modules
+
+    require_modules(["torch"], "the nccl objective's benchmark", "pip install torch")
+    import torch
+
+    if torch.cuda.device_count() > 0:
+        pytest.skip("torch sees a GPU here")
+    cfg = {"name": "nccl", "target": {"engine": "none"}, "space": "nccl_only", "objective": "nccl",
+           "storage": f"sqlite:///{tmp_path}/s.db"}
+    (tmp_path / "nccl.yaml").write_text(yaml.safe_dump(cfg))
+    _one_error(cli("study", "start", "nccl.yaml", cwd=tmp_path, check=False),
+               "objective nccl (--backend nccl) needs a CUDA GPU and sees none", "nccl_cpu")
+    assert not (tmp_path / "s.db").exists()

@@ -8,6 +8,8 @@ them, except under CI (env var CI set), where they are installed and their absen
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -128,3 +130,32 @@ def test_rejected_value_is_infeasible_with_engine_text(tiny_model: Path, tmp_pat
     assert failure["kind"] == "invalid-argument", failure  # found at launch by the ready probe
     assert "must be at least 4" in failure["message"] + failure["excerpt"], failure
     assert "must be at least 4" in failure["excerpt"], failure
+
+
+def test_prompts_are_the_objectives_tokens_by_the_servers_count(tiny_model: Path) -> None:
+    """`input_len` is tokens of the model's tokenizer, made as `vllm bench serve --dataset-name random`
+    makes them: transformers serve's own usage counts exactly `input_len` prompt tokens per request.
+    (5.19's GET /v1/models answers 500: the tokenizer comes from the target's model path.)"""
+    from autotune.config.objective import Objective
+    from autotune.execution.loadgen import run_load_sync
+    from autotune.execution.workload import workload_of
+    from autotune.util.net import free_port, wait_http_ok
+
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    server = subprocess.Popen([sys.executable, "-m", "transformers.cli.transformers", "serve", str(tiny_model),
+                               "--host", "127.0.0.1", "--port", str(port), "--continuous-batching"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert wait_http_ok(url + "/health", 120, alive=lambda: server.poll() is None), "transformers serve not ready"
+        load = Objective.load_file("transformers_cpu").load
+        workload = workload_of(load, api="openai", model=None, tokenizer_hint=str(tiny_model))
+        result = run_load_sync(url, workload)
+        assert (result.completed, result.failed) == (load.num_prompts, 0), result.errors
+        assert result.prompts.startswith(f"prompts: {load.input_len} tokens of {tiny_model}'s tokenizer"), result.prompts
+        assert result.metrics["input_tokens"] == load.num_prompts * load.input_len  # the server's usage
+        assert result.metrics["output_tokens"] == load.num_prompts * load.output_len
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(30)

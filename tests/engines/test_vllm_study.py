@@ -154,6 +154,9 @@ def test_real_vllm_study_measures_classifies_and_exports(tiny_model: Path, tmp_p
         assert t["value"] is not None and t["value"] > 0
         assert t["metrics"]["completed"] == 48 and t["metrics"]["failed"] == 0, t["metrics"]
         assert t["metrics"]["output_tokens"] == 48 * 16, t["metrics"]
+        # The objective's input_len is tokens (made as `vllm bench serve --dataset-name random`
+        # makes them, with the tokenizer of vLLM's `root`): vLLM's usage counts 32 per prompt.
+        assert t["metrics"]["input_tokens"] == 48 * 32, t["metrics"]
         assert t["startup_s"] is not None and t["startup_s"] > 0
         # vLLM's scheduler lines, read as the trial ran (the preset's 1 s interval outlasts this
         # load of 0.4 s, hence the target's 0.1 s); the load has 8 clients.

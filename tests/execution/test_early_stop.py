@@ -14,6 +14,7 @@ from autotune.execution.early_stop import (
     MARGIN,
     MIN_SHARE,
     NOISE,
+    NOISE_SDS,
     EarlyStop,
     StopRule,
     applies,
@@ -22,7 +23,8 @@ from autotune.execution.early_stop import (
     work,
 )
 from autotune.execution.workload import LoadProgress
-from autotune.config.objective import Objective
+from autotune.config.objective import STOP_MIN_REQUESTS, STOP_MIN_SECONDS, Objective
+from autotune.errors import ConfigError
 
 TOKENS = 10_000.0  # output tokens of the whole load
 DT = 0.05  # seconds between progress reports
@@ -61,8 +63,8 @@ def _duration(tokens: Callable[[float], float]) -> float:
 
 def _run(tokens: Callable[[float], float], beat: float | None) -> tuple[StopRule, EarlyStop | None, float]:
     """Feed the rule the load's progress every DT until it stops or the load ends; the rule, the
-    stop and the load's final value (tokens over duration)."""
-    rule = StopRule("output_throughput", beat)
+    stop and the load's final value (tokens over duration). No least load: these check the bounds."""
+    rule = StopRule("output_throughput", beat, min_requests=0, min_seconds=0.0)
     duration = _duration(tokens)
     t = DT
     while t < duration:
@@ -124,7 +126,7 @@ def test_the_hard_bound_stops_a_very_slow_load_before_the_minimum_share() -> Non
 
 
 def test_a_server_that_delivers_nothing_is_left_to_the_request_timeouts() -> None:
-    rule = StopRule("output_throughput", beat=500.0)
+    rule = StopRule("output_throughput", beat=500.0, min_requests=0, min_seconds=0.0)
     for i in range(1, 2000):  # 100 s without a token: far past the best's whole load
         assert rule.observe(_progress(i * DT, 0.0)) is None
 
@@ -148,6 +150,51 @@ def test_the_value_to_beat_is_the_last_of_tpes_good_trials_at_the_end_of_the_bud
     assert value_to_beat(measured[:5], 60) == (None, "")  # fewer measured than TPE's 6 good ones
     assert value_to_beat([], 1) == (None, "")
     assert value_to_beat([3.0, 1.0, 2.0], 20, maximize=False)[0] == 2.0
+
+
+def test_no_stop_before_the_least_load_of_requests_and_seconds() -> None:
+    """A load far below the value (a tenth of its rate) is stopped only once it has completed
+    ``min_requests`` requests and run ``min_seconds``, whichever comes last."""
+    def run(min_requests: int, min_seconds: float) -> EarlyStop | None:
+        rule = StopRule("output_throughput", 500.0, min_requests=min_requests, min_seconds=min_seconds)
+        t = DT
+        while t < 200.0:
+            tokens = 50.0 * t
+            stop = rule.observe(_progress(t, tokens, completed=int(100 * tokens / TOKENS)))
+            if stop is not None:
+                return stop
+            t += DT
+        return None
+
+    free = run(0, 0.0)  # the hard bound: past the best's whole load (20 s) and its noise
+    assert free is not None and free.elapsed_s < 21.0
+    by_seconds = run(0, 30.0)
+    assert by_seconds is not None and 30.0 <= by_seconds.elapsed_s < 30.0 + 2 * DT
+    by_requests = run(30, 0.0)  # 30 of 100 requests done at 60 s
+    assert by_requests is not None and 60.0 - DT <= by_requests.elapsed_s < 60.0 + 2 * DT
+    assert run(95, 0.0) is None  # the last tenth runs to its end: never stopped
+
+
+def test_the_objective_states_the_least_load() -> None:
+    default = Objective.from_mapping({"metric": "output_throughput"})
+    rule = StopRule.for_objective(default, 1.0)
+    assert (rule.min_requests, rule.min_seconds) == (STOP_MIN_REQUESTS, STOP_MIN_SECONDS) and applies(default)
+    stated = Objective.from_mapping({"metric": "output_throughput", "early_stop": {"min_requests": 8, "min_seconds": 2.5}})
+    assert applies(stated)
+    rule = StopRule.for_objective(stated, 1.0, "why")
+    assert (rule.metric, rule.beat, rule.why, rule.min_requests, rule.min_seconds) == ("output_throughput", 1.0, "why", 8, 2.5)
+    with pytest.raises(ConfigError, match="min_seconds"):
+        Objective.from_mapping({"early_stop": {"min_seconds": -1}})
+    with pytest.raises(ConfigError, match="min_request"):
+        Objective.from_mapping({"early_stop": {"min_request": 3}})
+
+
+def test_the_value_to_beat_is_lowered_by_the_measured_noise() -> None:
+    measured = [100.0, 90.0, 80.0]
+    assert value_to_beat(measured, 10, noise_sd=None) == (100.0, "the best so far")
+    beat, why = value_to_beat(measured, 10, noise_sd=0.05)
+    assert beat == pytest.approx(100.0 * (1 - NOISE_SDS * 0.05)) and "5.0%" in why
+    assert value_to_beat(measured, 10, noise_sd=0.0)[0] == 100.0
 
 
 def test_optimistic_bound() -> None:

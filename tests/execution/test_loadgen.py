@@ -17,8 +17,10 @@ import pytest
 
 from autotune.util.net import free_port
 from autotune.execution.loadgen import LoadError, run_load_sync
-from autotune.execution.workload import LoadProgress, Workload
+from autotune.execution.workload import Dataset, LoadProgress, Workload
 from autotune.execution.load_client import Client as _Client
+from autotune.execution.prompts import make_prompts
+from tests.needs import require_modules
 
 SERVER = Path(__file__).resolve().parents[1] / "streaming_server.py"
 TTFT = 0.02  # the server's defaults, seconds
@@ -336,16 +338,89 @@ def test_dead_server_fails_fast() -> None:
 
 def test_prompts_are_deterministic_and_sized() -> None:
     w = Workload(input_len=100, output_len=7)
-    client = _Client(None, "http://x", w, "m")  # type: ignore[arg-type]
-    body = client.payload(0, 3)
-    assert body == client.payload(0, 3) and body != client.payload(0, 4)
+    prompts = make_prompts(w, ("m",))  # no tokenizer named "m" here: the approximation, in words
+    assert not prompts.exact and "not tokens" in prompts.note and "'m'" in prompts.note
+    client = _Client(None, "http://x", w, "m", prompts)  # type: ignore[arg-type]
+    body = client.payload(client.prompt(0, 3))
+    assert body == client.payload(client.prompt(0, 3)) and body != client.payload(client.prompt(0, 4))
     assert len(body["prompt"].split()) == 100 and body["max_tokens"] == 7 and body["ignore_eos"] is True
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
-    other = _Client(None, "http://x", Workload(input_len=100, seed=1), "m")  # type: ignore[arg-type]
-    assert other.payload(0, 3)["prompt"] != body["prompt"]
-    sg = _Client(None, "http://x", Workload(api="sglang", input_len=100), None)  # type: ignore[arg-type]
-    ids = sg.payload(0, 0)["input_ids"]
+    other = make_prompts(Workload(input_len=100, seed=1), ("m",))
+    assert other.measured[3].text != body["prompt"]
+    sg = Workload(api="sglang", input_len=100)
+    ids = _Client(None, "http://x", sg, None, make_prompts(sg)).payload(make_prompts(sg).measured[0])["input_ids"]  # type: ignore[arg-type]
     assert len(ids) == 100 and all(isinstance(i, int) and i > 0 for i in ids)
+
+
+def _sharegpt_file(path: Path) -> Path:
+    """A ShareGPT file: five usable conversations, one too short, one of a single turn."""
+    rows = [{"conversations": [{"from": "human", "value": f"question {i} " + "word " * (5 + i)},
+                               {"from": "gpt", "value": "answer " * (4 + 2 * i)}]} for i in range(5)]
+    rows += [{"conversations": [{"from": "human", "value": "too short"}, {"from": "gpt", "value": "a b c d e"}]},
+             {"conversations": [{"from": "human", "value": "one turn only here ok"}]}]
+    path.write_text(json.dumps(rows))
+    return path
+
+
+def test_sharegpt_prompts_are_the_first_turns_and_the_answers_lengths(start_server: StartServer,
+                                                                      tmp_path: Path) -> None:
+    url = start_server()
+    data = _sharegpt_file(tmp_path / "sharegpt.json")
+    w = Workload(num_prompts=8, concurrency=4, warmup_prompts=0, dataset=Dataset(str(data)))
+    prompts = make_prompts(w, ("test-model",))  # the names run_load tries: the test server's model
+    # Without a tokenizer the lengths are words (the test server counts a word as a token).
+    assert not prompts.exact and "ShareGPT" in prompts.note and "words" in prompts.note
+    assert {p.text.split()[1] for p in prompts.measured if p.text} <= {"0", "1", "2", "3", "4"}
+    for p in prompts.measured:
+        i = int(p.text.split()[1])  # type: ignore[union-attr]
+        assert (p.input_len, p.output_len) == (7 + i, 4 + 2 * i)
+    result = run_load_sync(url, w)
+    assert result.completed == 8 and result.prompts == prompts.note
+    assert result.metrics["output_tokens"] == sum(p.output_len for p in prompts.measured)
+    assert result.metrics["input_tokens"] == sum(p.input_len for p in prompts.measured)
+    # The dataset's output_len replaces the answers' lengths; the shuffle follows the seed.
+    fixed = make_prompts(Workload(num_prompts=8, dataset=Dataset(str(data), output_len=3)))
+    assert {p.output_len for p in fixed.measured} == {3}
+    assert [p.text for p in make_prompts(Workload(num_prompts=5, dataset=Dataset(str(data)), seed=1)).measured] != \
+        [p.text for p in make_prompts(Workload(num_prompts=5, dataset=Dataset(str(data)))).measured]
+
+
+def test_unreadable_dataset_or_tokenizer_is_a_load_error(start_server: StartServer, tmp_path: Path) -> None:
+    url = start_server()
+    (tmp_path / "bad.json").write_text("{not json")
+    for w in (Workload(num_prompts=2, dataset=Dataset(str(tmp_path / "missing.json"))),
+              Workload(num_prompts=2, dataset=Dataset(str(tmp_path / "bad.json"))),
+              Workload(num_prompts=2, tokenizer=str(tmp_path / "no-such-model"))):
+        with pytest.raises(LoadError) as info:
+            run_load_sync(url, w)
+        assert "\n" not in str(info.value)
+
+
+def test_random_prompts_are_tokens_of_the_models_tokenizer(tmp_path: Path) -> None:
+    """vLLM's random dataset: each prompt re-encodes to exactly its tokens (the tiny model's
+    tokenizer adds no special token); the SGLang API gets the ids themselves."""
+    require_modules(("torch", "transformers", "tokenizers"), "a tokenizer", "pip install torch transformers")
+    from autotune.testing import make_tiny_llama
+    from transformers import AutoTokenizer
+
+    model = make_tiny_llama(tmp_path / "tiny", hidden_size=64, layers=2, vocab=1024)
+    tok = AutoTokenizer.from_pretrained(str(model))
+    w = Workload(num_prompts=16, input_len=32, output_len=5, warmup_prompts=2)
+    prompts = make_prompts(w, (None, str(model)))
+    assert prompts.exact and prompts.tokenizer == str(model) and "32 tokens" in prompts.note
+    assert len(prompts.measured) == 16 and len(prompts.warmup) == 2
+    for p in prompts.measured + prompts.warmup:
+        assert p.input_len == 32 and len(tok(p.text).input_ids) == 32, p.text
+    assert make_prompts(w, (str(model),)) == prompts  # deterministic
+    sg = make_prompts(Workload(api="sglang", num_prompts=4, input_len=20), (str(model),))
+    assert all(p.ids is not None and len(p.ids) == 20 and max(p.ids) < 1024 for p in sg.measured)
+    # ShareGPT with the tokenizer: lengths are its token counts, as vllm bench serve counts them.
+    data = _sharegpt_file(tmp_path / "sharegpt.json")
+    shared = make_prompts(Workload(num_prompts=6, dataset=Dataset(str(data))), (str(model),))
+    assert shared.exact and "tokens of" in shared.note
+    for p in shared.measured:
+        i = int(p.text.split()[1])  # type: ignore[union-attr]
+        assert (p.input_len, p.output_len) == (len(tok(p.text).input_ids), len(tok("answer " * (4 + 2 * i)).input_ids))
 
 
 @pytest.mark.parametrize(
@@ -361,6 +436,7 @@ def test_prompts_are_deterministic_and_sized() -> None:
         {"request_rate": float("inf")},
         {"request_timeout_s": 0},
         {"model": ""},
+        {"tokenizer": ""},
     ],
 )
 def test_bad_workload(kwargs: dict[str, Any]) -> None:

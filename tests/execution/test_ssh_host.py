@@ -359,6 +359,29 @@ def test_an_exited_server_s_status_and_a_killed_driver_s_server(host: SSHHost, t
     left.stop()
 
 
+def test_a_secret_the_remote_server_prints_never_reaches_the_local_log(host: SSHHost, tmp_path: Path,
+                                                                       launched: list[str]) -> None:
+    """The local copy of a remote server's log is redacted as it streams in (as a local server's
+    is): while the server runs, and after, the file holds ``${HF_TOKEN}``, never the value."""
+    from autotune.config.secrets import Redactor, StreamRedactor
+
+    secret = "hf_remote_secret_0123456789"
+    env = {"HF_TOKEN": secret}
+    script = ("import os, sys, time\n"
+              "print('token', os.environ['HF_TOKEN'], flush=True)\n"
+              "for c in os.environ['HF_TOKEN']:\n"  # a byte at a time: every chunking of the value
+              "    sys.stdout.write(c); sys.stdout.flush(); time.sleep(0.01)\n"
+              "print(' printed', flush=True)\ntime.sleep(60)\n")
+    log = tmp_path / "secret.log"
+    proc = host.launch([PYTHON, "-c", script], env, log, redact=StreamRedactor(Redactor(env, [])))
+    launched.append(proc.tag)
+    wait_for("the server's output", lambda: log.exists() and "printed" in log.read_text(), timeout=30)
+    text = log.read_text()
+    assert secret not in text and "token ${HF_TOKEN}" in text and "${HF_TOKEN} printed" in text, text
+    proc.stop(grace_s=0.5)
+    assert secret not in log.read_text()
+
+
 def test_the_server_s_niceness_is_read_at_launch(sshd: Sshd, tmp_path: Path, launched: list[str]) -> None:
     """The server inherits the remote shell's niceness after the setup line (here raised by it):
     the host reports what the server itself reads."""
