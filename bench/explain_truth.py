@@ -4,6 +4,7 @@ against the simulator's own model.
     python bench/explain_truth.py                       # 20 studies x 30 trials per scenario and design
     python bench/explain_truth.py --json                # one JSON document instead of the tables
     python bench/explain_truth.py --studies 5 --long-studies 0 --scenario rtx6000-pcie-glm5
+    python bench/explain_truth.py --studies 8 --long-studies 0 --trials 20 --early-stop   # the demo's size
 
 No server is launched. Each study is an in-memory Optuna study with the driver's own sampler,
 made as the driver makes it (``make_sampler("tpe", seed, ...)`` with the space's rules,
@@ -17,7 +18,10 @@ records it: ok -> COMPLETE with the output throughput and user attrs ``outcome=o
 feasible=True, applied``; a failure -> PRUNED with ``outcome=infeasible, feasible=False,
 failure_kind=<the model's outcome>, failure_message=<its error line>, applied``; a measured trial also records what its
 scheduler log would show (``load_signals``) and the load's concurrency, which the sampler's
-raises read.
+raises read. With ``--early-stop`` a trial's load stops as the driver's would (the value to beat
+of :func:`autotune.execution.early_stop.value_to_beat` over the study's budget, the model's
+progress fed to the driver's ``StopRule``): recorded ``stopped``, PRUNED with its projected values
+reported and user attr ``early_stop``, as the driver records it.
 
 Two study designs per built-in scenario:
 
@@ -60,6 +64,11 @@ the longer ones (``--long-studies``, ``--long-trials``) apart:
   its importance for the objective;
 - **failures at one configuration**: the unexplained failures ``explain`` lists as what fails
   at one configuration (counted, not scored: each is a trial's own outcome, not a claim beyond it);
+- **statements**: per study, the rules printed and the importance verdicts ``effect`` and ``no
+  measurable effect`` (objective and feasibility); every ``effect`` is checked by the model
+  (:func:`effect_truth`): the parameter alone set to other values the study tried, in up to 24 of
+  its trials, must change the noise-free throughput by 0.5 % on average (objective), or turn a
+  run into a failure or back in 1 % of the changes (feasibility), else the claim is false;
 - **no-effect claims**: every "no measurable effect" on the objective is checked by the model
   over the values it states (``matched.over``): in up to 24 feasible trials with one of them, the
   parameter alone is set to up to 4 others; the claim is false when the mean relative change of
@@ -92,6 +101,8 @@ from autotune.analysis.explain import MIN_SUPPORT, MONOTONE_ATTR, explain
 from autotune.analysis.conditions import Condition
 from autotune.config.demo import DEMO_CONFIG
 from autotune.config.derived import derived_inputs
+from autotune.execution.early_stop import StopRule, value_to_beat
+from autotune.execution.workload import LoadProgress
 from autotune.search.factory import make_sampler
 from autotune.study.driver import finished_trials
 from autotune.outcome.failures import names_choice
@@ -111,6 +122,9 @@ DRAWS_PER_TRIAL = 8
 MIN_TESTED = 20
 NO_EFFECT_TOLERANCE = 0.03
 NCDS = "num_continuous_decode_steps"
+EFFECT_TOLERANCE = {"objective": 0.005, "feasibility": 0.01}
+"""An ``effect`` is false where the model's (:func:`effect_truth`) is below this: a mean change of
+the throughput under 0.5 %, or under 1 % of the changes turning a run into a failure or back."""
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -244,9 +258,27 @@ def buffers_oversized(d: Design, params: dict[str, Any], kind: str) -> bool:
     return bool(reset) and outcome(d, params)[0] == kind and outcome(d, {**params, **reset})[0] != kind
 
 
-def run_study(d: Design, seed: int, trials: int, sampler: str = "tpe") -> optuna.Study:
+def _stopping(beat: float, why: str) -> tuple[StopRule, Callable[[float, int, int, int], bool]]:
+    """The driver's early-stopping rule for the ``quick`` load, and the model's progress hook that
+    feeds it as the load generator would (:mod:`autotune.bench.model_executor`). No least time: the
+    model's load lasts a few seconds, below the objective's ``min_seconds``, where the demo's real
+    loads (start-up included) stop trials."""
+    rule = StopRule("output_throughput", beat, why, min_seconds=0.0)
+    w = WORKLOAD
+    out_total, in_total = float(w.num_prompts * w.output_len), float(w.num_prompts * w.input_len)
+
+    def hook(elapsed_s: float, output_tokens: int, input_tokens: int, completed: int) -> bool:
+        return rule.observe(LoadProgress(elapsed_s, completed, 0, w.num_prompts, float(output_tokens),
+                                         float(input_tokens), out_total, in_total)) is not None
+
+    return rule, hook
+
+
+def run_study(d: Design, seed: int, trials: int, sampler: str = "tpe", early_stop: bool = False) -> optuna.Study:
     """One study as the driver runs it (see the module docstring), in memory: the baseline, then
-    ``trials`` more."""
+    ``trials`` more. ``early_stop``: a trial's load stops, as the driver's would, when it cannot
+    beat the value to beat (:func:`autotune.execution.early_stop.value_to_beat`): recorded
+    ``stopped`` (PRUNED, its projected values reported, user attr ``early_stop``)."""
     sampler_ = make_sampler(sampler, seed, launched_as=d.space.repair, monotone=d.space.monotone(),
                             raise_when=d.space.raise_when())
     study = optuna.create_study(study_name=f"{d.scenario}/{d.name}/s{seed}/n{trials + 1}", direction="maximize",
@@ -260,6 +292,23 @@ def run_study(d: Design, seed: int, trials: int, sampler: str = "tpe") -> optuna
         kind, value = p.outcome, p.output_throughput
         trial.set_user_attr("applied", dict(launch.applied))
         trial.set_user_attr("env", {**BASE_ENV, **launch.env})
+        beat, why = (None, "")
+        if early_stop and kind == "ok" and not trial.user_attrs.get("baseline"):
+            measured = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                        if t.user_attrs.get("outcome") == "ok"]
+            beat, why = value_to_beat(measured, trials + 1)
+        if beat is not None:
+            rule, hook = _stopping(beat, why)
+            args, env = _launch(d, dict(launch.applied))
+            predict(_scenario(d.scenario), args, env, WORKLOAD, seed=seed, on_progress=hook)
+            if rule.stop is not None:
+                for k, v in (("outcome", "stopped"), ("feasible", False), ("failure_kind", None),
+                             ("early_stop", rule.stop.to_json())):
+                    trial.set_user_attr(k, v)
+                for step, projected in sorted(rule.intermediate.items()):
+                    trial.report(projected, step)
+                study.tell(trial, state=TrialState.PRUNED)
+                continue
         if kind == "ok":
             for k, v in (("outcome", "ok"), ("feasible", True), ("failure_kind", None),
                          ("metrics", {"output_throughput": value, "max_concurrency": float(WORKLOAD.concurrency)}),
@@ -368,6 +417,30 @@ def no_effect_truth(d: Design, param: str, bases: list[dict[str, Any]], seed: in
     return statistics.fmean(changes) if changes else float("nan")
 
 
+def effect_truth(d: Design, target: str, param: str, bases: list[dict[str, Any]], seed: int) -> tuple[float, int]:
+    """(the model's effect, number of changes tested) of ``param`` alone set, in up to 24 of the
+    ``bases`` (feasible trials for the objective, finished ones for feasibility), to up to 4 other
+    values they tried: the mean relative change of the noise-free throughput between two feasible
+    points (``objective``), or the share of changes that turn a failure into a run or back
+    (``feasibility``). An ``effect`` is false where the model's is below :data:`EFFECT_TOLERANCE`."""
+    rng = random.Random(seed)
+    distinct = list({repr(b[param]): b[param] for b in bases if param in b}.values())
+    changes: list[float] = []
+    for base in bases[:24]:
+        kind0, v0 = outcome(d, base)
+        others = [v for v in distinct if repr(v) != repr(base.get(param))]
+        for value in rng.sample(others, min(4, len(others))):
+            changed = {**base, param: value}
+            if d.space.repair(changed) != changed:
+                continue
+            kind1, v1 = outcome(d, changed)
+            if target == "feasibility":
+                changes.append(float((kind0 == "ok") != (kind1 == "ok")))
+            elif kind0 == "ok" and kind1 == "ok" and v0 > 0:
+                changes.append(abs(v1 - v0) / v0)
+    return (statistics.fmean(changes) if changes else float("nan")), len(changes)
+
+
 # -- the planted behaviours ------------------------------------------------------------------------
 def _mentions(conds: list[dict[str, Any]], param: str, op: str | None = None, value: Any = None) -> bool:
     return any(c["param"] == param and (op is None or c["op"] == op) and (value is None or c["value"] == value)
@@ -441,6 +514,14 @@ class Score:
     false_no_effect: list[dict[str, Any]] = field(default_factory=list)
     at_one_configuration: int = 0
     at_one_configuration_failures: int = 0
+    stopped: int = 0
+    statements: list[int] = field(default_factory=list)
+    """Per study: rules printed, and importance verdicts ``effect`` or ``no measurable effect``
+    (objective and feasibility)."""
+    rated: dict[str, int] = field(default_factory=dict)
+    """Studies whose importances rate the parameters, by target (verdict ``ok``)."""
+    effect_claims: int = 0
+    false_effect: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _verdict(doc: dict[str, Any]) -> str:
@@ -471,6 +552,28 @@ def score_study(sc: Score, d: Design, study: optuna.Study, seed: int) -> dict[st
             sc.no_effect_claims += 1
             if change > NO_EFFECT_TOLERANCE:
                 sc.false_no_effect.append({"study": study.study_name, "param": param, "mean_change": round(change, 4)})
+    statements = len(doc["failure_rules"])
+    for target in ("objective", "feasibility"):
+        part = doc["importance"][target]
+        sc.rated[target] = sc.rated.get(target, 0) + (part["verdict"] == "ok")
+        for param, imp in part.get("params", {}).items():
+            statements += imp.get("verdict") in ("effect", "no measurable effect")
+            if imp.get("verdict") == "effect":
+                sc.effect_claims += 1
+                change, tested = effect_truth(d, target, param, bases if target == "feasibility" else feasible, seed)
+                record.setdefault("effects", []).append({"target": target, "param": param, "p": imp.get("p"),
+                                                         "median": imp.get("median"), "low": imp.get("low"),
+                                                         "alone": (imp.get("alone") or {}).get("median"),
+                                                         "model_change": round(change, 4), "tested": tested})
+                if tested >= MIN_TESTED and change < EFFECT_TOLERANCE[target]:
+                    sc.false_effect.append({"study": study.study_name, "target": target, "param": param,
+                                            "change": round(change, 4), "tested": tested})
+    sc.statements.append(statements)
+    record["statements"] = statements
+    record["importance"] = {t: {"verdict": doc["importance"][t]["verdict"], "trials": doc["importance"][t]["trials"],
+                                "params": {k: v["verdict"] for k, v in doc["importance"][t].get("params", {}).items()}}
+                            for t in ("objective", "feasibility")}
+    sc.stopped += sum(t.user_attrs.get("outcome") == "stopped" for t in finished)
     sc.studies += 1
     sc.trials += len(finished)
     sc.failures += doc["unexplained_failures"]["count"] + sum(len(r["trials"]) for r in doc["failure_rules"])
@@ -526,6 +629,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--long-trials", type=int, default=100)
     ap.add_argument("--scenario", action="append", help="only these scenarios (repeat)")
     ap.add_argument("--design", action="append", choices=["sglang_nccl", "seed"], help="only these designs (repeat)")
+    ap.add_argument("--early-stop", action="store_true",
+                    help="stop a trial's load, as the driver does, when it cannot beat the value to beat")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--verbose", action="store_true", help="each study's rules and verdict on stderr")
     ns = ap.parse_args(argv)
@@ -541,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 sc = Score(scenario, d.name, trials)
                 for seed in range(first, first + count):
-                    rec = score_study(sc, d, run_study(d, seed, trials - 1), seed)
+                    rec = score_study(sc, d, run_study(d, seed, trials - 1, early_stop=ns.early_stop), seed)
                     records.append(rec)
                     if ns.verbose:
                         print(json.dumps(rec), file=sys.stderr)
@@ -562,6 +667,7 @@ def main(argv: list[str] | None = None) -> int:
 def _summary(s: Score) -> dict[str, Any]:
     out = {k: v for k, v in vars(s).items() if k not in ("explain_s", "rule_rates")}
     out["median_rule_model_rate"] = round(statistics.median(s.rule_rates), 3) if s.rule_rates else None
+    out["statements_mean"] = round(statistics.fmean(s.statements), 2) if s.statements else None
     out["explain_s_median"] = round(statistics.median(s.explain_s), 3) if s.explain_s else None
     out["explain_s_max"] = round(max(s.explain_s), 3) if s.explain_s else None
     return out
@@ -598,6 +704,14 @@ def _print_table(s: Score) -> None:
     print(f"| 'no measurable effect' claims (model-checked) | {s.no_effect_claims}, false: {len(s.false_no_effect)} |")
     for f in s.false_no_effect:
         print(f"| false | {f['study']}: {f['param']} (mean change {f['mean_change']:.1%}) |")
+    if s.statements:
+        print(f"| statements per study (rules, effect and no-effect verdicts) | mean {statistics.fmean(s.statements):.2f}, "
+              f"median {statistics.median(s.statements):g}; importances rated in {s.rated.get('objective', 0)} "
+              f"(objective) and {s.rated.get('feasibility', 0)} (feasibility) of {s.studies} studies; "
+              f"{s.stopped} trials stopped early |")
+    print(f"| 'effect' claims (model-checked) | {s.effect_claims}, false: {len(s.false_effect)} |")
+    for f in s.false_effect:
+        print(f"| false | {f['study']}: {f['param']} for {f['target']} (model {f['change']:.1%}) |")
     if s.explain_s:
         print(f"| explain run time | median {statistics.median(s.explain_s):.2f} s, max {max(s.explain_s):.2f} s |")
 

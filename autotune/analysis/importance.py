@@ -1,36 +1,38 @@
 """Which parameters matter, and how sure we are: importances with intervals and honest verdicts.
 
-:func:`importance` rates each parameter for the objective (the trials measured to the end) and
-for feasibility (1 ran, 0 failed, over the finished trials); :func:`importance_of` rates them for
-one target. ``autotune study explain`` prints it (:mod:`autotune.analysis.explain`).
+:func:`importance` rates each parameter for the objective (the trials measured to the end, and
+those stopped early at their projected value: an upper bound of what they would have measured)
+and for feasibility (1 ran, 0 failed, over the finished trials); :func:`importance_of` rates them
+for one target. ``autotune study explain`` prints it (:mod:`autotune.analysis.explain`).
 
-- **Shares** (:func:`_partial`): the share of the target's variance that only the parameter
-  accounts for, given the others, in an additive ridge model over the parameters' groups (a
-  categorical's values; 2 to 5 quantile bins of a number), bias-corrected, with a bootstrap
-  interval (``RESAMPLES`` resamples, ``INTERVAL``); and its share alone (``alone``).
-- **Matched comparisons** (:func:`matched_effect`): pairs of trials alike in every other
-  parameter whose differences give the spread of this one's effect. The sampler moves every
-  parameter towards the best trials together, so only these can support "no measurable effect".
+- **Shares** (:mod:`autotune.analysis.shares`): the share of the target's variance that only the
+  parameter accounts for, given the others (below ``MIN_TRIALS``, those the permutation test
+  found), in an additive ridge model, bias-corrected, with a bootstrap interval (``RESAMPLES``
+  resamples, ``INTERVAL``); and its share alone (``alone``).
+- **Matched comparisons** (:func:`matched_effect`): pairs of trials measured to the end, alike in
+  every other parameter, whose differences give the spread of this one's effect. The sampler
+  moves every parameter towards the best trials together, so only these can support "no
+  measurable effect".
 
-Verdicts:
+Verdicts (``sureness`` says in words how far the trials go):
 
-- ``not enough trials (N, need M)`` below ``MIN_TRIALS``; for feasibility also ``not enough
+- ``not enough trials (N, need M)`` below ``MIN_RATED``; for feasibility also ``not enough
   failures`` (or ``feasible trials``) below ``MIN_OUTCOMES`` of the rarer outcome;
-- ``effect``: the share's low end, given the others and alone, at least ``EFFECT_SHARE``;
-- ``no measurable effect``: at least ``NO_EFFECT_MIN_TRIALS`` trials and ``NO_EFFECT_MIN_PAIRS``
-  matched pairs linking every value compared, the matched spread's high end and the fit's
-  resolution below ``NO_EFFECT_SPREAD`` of the mean objective (``NO_EFFECT_SPREAD_FEASIBILITY``);
-  the claim holds between the values compared (``matched.over``), not beyond;
+- ``effect``: from ``MIN_TRIALS`` trials, the share's low end, given the others and alone, at
+  least ``EFFECT_SHARE``; below ``NO_EFFECT_MIN_TRIALS``, also where a permutation test over all
+  the parameters at once finds it (``p`` at most ``FAMILY_ALPHA``; the only way below
+  ``MIN_TRIALS``, where a bootstrap runs narrow);
+- ``no measurable effect``: at least ``NO_EFFECT_MIN_TRIALS`` trials measured to the end and
+  ``NO_EFFECT_MIN_PAIRS`` matched pairs linking every value compared, the matched spread's high
+  end and the fit's resolution below ``NO_EFFECT_SPREAD`` of the mean objective
+  (``NO_EFFECT_SPREAD_FEASIBILITY``); the claim holds between the values compared
+  (``matched.over``), not beyond;
 - ``uncertain`` otherwise: the data cannot tell.
-
-An interaction is split between its parameters, and a parameter that always moved with another
-cannot be told apart from it (no matched pairs: ``uncertain``).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,15 +40,23 @@ import numpy as np
 from autotune.analysis.conditions import is_number
 from autotune.analysis.failure_stages import MEASURED, finished
 from autotune.analysis.rule_cover import MIN_SUPPORT
+from autotune.analysis.shares import fine_bins, groups_of, marginal_shares, n_bins, partial_shares, stepwise_effects
 from autotune.store.record import TrialRecord
 
 MIN_TRIALS = 20
-"""Fewest trials (feasible ones for the objective, finished ones for feasibility) for importances."""
+"""Fewest trials (counted ones for the objective, finished ones for feasibility) for an effect
+from the bootstrap's interval; below it only the permutation test names one."""
+MIN_RATED = 10
+"""Fewest trials for any importance."""
+PERMUTATIONS = 200
+FAMILY_ALPHA = 0.01
+"""Below ``NO_EFFECT_MIN_TRIALS`` trials the permutation test
+(:func:`autotune.analysis.shares.stepwise_effects`) names an effect at ``p`` at most this, over
+all the parameters rated at once."""
 MIN_OUTCOMES = MIN_SUPPORT
 """Fewest trials of the rarer outcome (failed or ran) for importances for feasibility: as many
 failures as a crash rule rests on."""
 RESAMPLES = 40
-RIDGE = 1.0
 EFFECT_SHARE = 0.05
 NO_EFFECT_SPREAD = 0.02
 """Objective: "no measurable effect" needs the matched spread's high end below 2 % of the mean objective."""
@@ -67,94 +77,7 @@ RANK_TOLERANCE = 1e-9
 NO_EFFECT_RESAMPLES = 100
 MAX_PAIRS = 2000
 """Matched pairs fitted at most (the closest); more add little and cost time."""
-MIN_GROUP = 5
-"""Trials per fine bin for the shares' finer resolution."""
 INTERVAL = (5.0, 95.0)
-
-
-# -- shares ------------------------------------------------------------------------------------
-def _groups(values: list[Any], n_bins: int) -> np.ndarray | None:
-    """Group index of each row: the value (categorical) or a quantile bin (numeric); None if the
-    parameter has a single value."""
-    present = [x for x in values if x is not None]
-    if len(set(map(repr, present))) < 2:
-        return None
-    if present and all(is_number(x) for x in present):
-        arr = np.array([float(x) if x is not None else np.nan for x in values])
-        ok = ~np.isnan(arr)
-        sorted_vals = np.sort(arr[ok])
-        uniq = np.unique(sorted_vals)
-        if len(uniq) <= n_bins:
-            idx = np.searchsorted(uniq, arr)
-        else:  # quantile bins by the rank of a value's first occurrence: equal values stay together
-            idx = np.minimum(n_bins - 1, np.searchsorted(sorted_vals, arr, side="left") * n_bins // len(sorted_vals))
-        idx = np.where(ok, idx, n_bins)
-        return np.unique(idx, return_inverse=True)[1]
-    keys = [repr(x) for x in values]
-    return np.unique(np.array(keys, dtype=object), return_inverse=True)[1]
-
-
-def _epsilon_sq(y: np.ndarray, g: np.ndarray, sst: float) -> tuple[float, float]:
-    """What groups ``g`` account for in ``y``: the bias-corrected share of ``sst`` and the spread
-    (the standard deviation over rows of the group effects, bias-corrected, in ``y``'s units)."""
-    n = len(y)
-    k_max = int(g.max()) + 1
-    counts = np.bincount(g, minlength=k_max)
-    sums = np.bincount(g, weights=y, minlength=k_max)
-    means = np.divide(sums, counts, out=np.zeros(k_max), where=counts > 0)
-    k = int((counts > 0).sum())
-    fitted = means[g]
-    ssb = float(((fitted - y.mean()) ** 2).sum())
-    ssw = float(((y - fitted) ** 2).sum())
-    if n - k <= 0 or sst <= 0:
-        return 0.0, 0.0
-    excess = max(0.0, ssb - (k - 1) * ssw / (n - k))
-    return excess / sst, math.sqrt(excess / n)
-
-
-def _backfit(y: np.ndarray, groups: list[np.ndarray], sizes: list[int], skip: frozenset[int] = frozenset()) -> np.ndarray:
-    """Residuals of the additive model ``y ~ mean + sum_c f_c(group_c)`` over the components ``c``
-    not in ``skip``, each group's effect shrunk as by ``RIDGE`` pseudo-trials at the mean: the
-    ridge least-squares fit, solved at once (the fixed point backfitting would reach, sweep by
-    sweep, without its cost)."""
-    n = len(y)
-    r = y - y.mean()
-    keep = [c for c in range(len(groups)) if c not in skip]
-    if not keep:
-        return r
-    offsets = np.cumsum([0] + [sizes[c] for c in keep])
-    cols = np.concatenate([groups[c] + offsets[i] for i, c in enumerate(keep)])
-    rows = np.tile(np.arange(n), len(keep))
-    z = np.zeros((n, int(offsets[-1])))
-    z[rows, cols] = 1.0
-    z -= z.mean(axis=0)
-    beta = np.linalg.solve(z.T @ z + RIDGE * np.eye(z.shape[1]), z.T @ r)
-    return r - z @ beta
-
-
-def _partial(y: np.ndarray, groups: list[np.ndarray], fine: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Each parameter's share of the total variance that only it accounts for, and its spread (the
-    same as a standard deviation over trials, in ``y``'s units).
-
-    For parameter ``j`` the additive model is fitted with ``j`` at a finer resolution (``fine``: an
-    effect confined to a few of its values is not averaged away in a wide bin) and without ``j``;
-    the share is the residual sum of squares ``j`` saves, less what its ``k - 1`` group means would
-    save by chance (``k - 1`` times the residual variance)."""
-    n = len(y)
-    sst = float(((y - y.mean()) ** 2).sum())
-    shares, spreads = np.zeros(len(groups)), np.zeros(len(groups))
-    if sst <= 0:
-        return shares, spreads
-    sizes = [int(g.max()) + 1 for g in groups]
-    for j in range(len(groups)):
-        with_j = groups[:j] + [fine[j]] + groups[j + 1:]
-        sizes_j = sizes[:j] + [int(fine[j].max()) + 1] + sizes[j + 1:]
-        rss = float((_backfit(y, with_j, sizes_j) ** 2).sum())
-        s2 = rss / max(n - 1 - sum(k - 1 for k in sizes_j), 1)
-        saved = float((_backfit(y, groups, sizes, skip=frozenset([j])) ** 2).sum()) - rss
-        excess = max(0.0, saved - (sizes_j[j] - 1) * s2)
-        shares[j], spreads[j] = excess / sst, math.sqrt(excess / n)
-    return shares, spreads
 
 
 # -- matched comparisons ---------------------------------------------------------------------------
@@ -392,30 +315,25 @@ def _identified(gram: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
     return full - rank(gram[..., m:, m:]) == m, full
 
 
-def _n_bins(n: int) -> int:
-    return 2 if n < 40 else 3 if n < 80 else 4 if n < 160 else 5
-
-
-def _marginal(y: np.ndarray, groups: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Each parameter's share and spread alone (one-way, bias-corrected)."""
-    sst = float(((y - y.mean()) ** 2).sum())
-    out = [_epsilon_sq(y, g, sst) for g in groups]
-    return np.array([o[0] for o in out]), np.array([o[1] for o in out])
-
-
-def importance_of(rows: list[dict[str, Any]], y: Sequence[float], *, relative: bool, min_trials: int = MIN_TRIALS,
+def importance_of(rows: list[dict[str, Any]], y: Sequence[float], *, relative: bool,
+                  exact: Sequence[bool] | None = None, min_trials: int = MIN_RATED, sure_trials: int = MIN_TRIALS,
                   min_outcomes: int = 0, resamples: int = RESAMPLES, seed: int = 0) -> dict[str, Any]:
     """Each parameter's share of ``y``'s variance and spread, given the others and alone, and its
     verdict (the module docstring); spreads relative to ``y``'s mean when ``relative``, else in
     ``y``'s units (the document says which, ``relative``, and the bound "no measurable effect"
-    needs, ``no_effect_spread``). ``min_outcomes``: for a 0/1 ``y`` (feasibility), the fewest trials of
-    each value; below it, or ``min_trials`` trials, the verdict says so and no parameter is
-    rated."""
+    needs, ``no_effect_spread``). ``exact``: which rows were measured to the end (default all);
+    the others (a bound, as a trial stopped early) count in the shares, not in the matched
+    comparisons. ``min_outcomes``: for a 0/1 ``y`` (feasibility), the fewest trials of each value;
+    below it, or ``min_trials`` trials, the verdict says so and no parameter is rated. Below
+    ``sure_trials`` only the permutation test names an effect. ``sureness``: how far the trials
+    go, in words."""
     n = len(rows)
+    whole = [True] * n if exact is None else [bool(e) for e in exact]
     names = sorted({k for r in rows for k in r})
     no_effect_spread = NO_EFFECT_SPREAD if relative else NO_EFFECT_SPREAD_FEASIBILITY
-    doc: dict[str, Any] = {"trials": n, "min_trials": min_trials, "relative": relative,
-                           "no_effect_spread": no_effect_spread, "params": {}}
+    doc: dict[str, Any] = {"trials": n, "bounded": n - sum(whole), "min_trials": min_trials,
+                           "sure_trials": sure_trials, "relative": relative, "no_effect_spread": no_effect_spread,
+                           "params": {}}
     if n < min_trials:
         doc["verdict"] = f"not enough trials ({n}, need {min_trials})"
         return doc
@@ -430,13 +348,19 @@ def importance_of(rows: list[dict[str, Any]], y: Sequence[float], *, relative: b
         return doc
     scale = (abs(float(yv.mean())) or 1.0) if relative else 1.0
 
-    matching = _Matching(rows, [name for name in names if len({repr(r.get(name)) for r in rows}) > 1])
-    nb = _n_bins(n)
-    named = [(name, _groups([r.get(name) for r in rows], nb)) for name in names]
+    measured = [i for i in range(n) if whole[i]]
+    exact_rows = [rows[i] for i in measured]
+    matching = _Matching(exact_rows, [name for name in names if len({repr(r.get(name)) for r in exact_rows}) > 1])
+    named = [(name, groups_of([r.get(name) for r in rows], n_bins(n))) for name in names]
     varied = [(name, g) for name, g in named if g is not None]
-    fines: list[np.ndarray] = [_groups([r.get(name) for r in rows], max(2 * nb, n // (2 * MIN_GROUP)))  # type: ignore[misc]
+    fines: list[np.ndarray] = [groups_of([r.get(name) for r in rows], fine_bins(n))  # type: ignore[misc]
                                for name, _ in varied]
     doc["verdict"] = "ok"
+    found = (stepwise_effects(yv, [g for _, g in varied], alpha=FAMILY_ALPHA, permutations=PERMUTATIONS, seed=seed)
+             if n < NO_EFFECT_MIN_TRIALS else {})
+    # over few trials a model of every parameter has about as many terms as trials: each share is
+    # given only the parameters the permutation test found
+    among = set(found) if n < sure_trials else None
     rng = np.random.default_rng(seed)
     share, spread, share1, spread1 = (np.empty((resamples, len(varied))) for _ in range(4))
     for b in range(resamples):
@@ -445,8 +369,8 @@ def importance_of(rows: list[dict[str, Any]], y: Sequence[float], *, relative: b
         idx = rng.integers(0, n, n)
         gs = [np.unique(g[idx], return_inverse=True)[1] for _, g in varied]
         fs = [np.unique(g[idx], return_inverse=True)[1] for g in fines]
-        share[b], spread[b] = _partial(yv[idx], gs, fs)
-        share1[b], spread1[b] = _marginal(yv[idx], gs)
+        share[b], spread[b] = partial_shares(yv[idx], gs, fs, among)
+        share1[b], spread1[b] = marginal_shares(yv[idx], gs)
     spread /= scale
     spread1 /= scale
     lo_q, hi_q = INTERVAL
@@ -454,12 +378,13 @@ def importance_of(rows: list[dict[str, Any]], y: Sequence[float], *, relative: b
         med, lo, hi = float(np.median(share[:, j])), float(np.percentile(share[:, j], lo_q)), float(np.percentile(share[:, j], hi_q))
         alone = [float(np.median(share1[:, j])), float(np.percentile(share1[:, j], lo_q)), float(np.percentile(share1[:, j], hi_q))]
         spread_hi = float(np.percentile(spread[:, j], hi_q))
-        matched = None
-        if lo >= EFFECT_SHARE and alone[1] >= EFFECT_SHARE:  # given the others and alone
-            verdict = "effect"
+        matched, p = None, found.get(j)
+        if (n >= sure_trials and lo >= EFFECT_SHARE and alone[1] >= EFFECT_SHARE) or p is not None:
+            verdict = "effect"  # given the others and alone, or beyond what shuffled trials give
         else:
-            if n >= NO_EFFECT_MIN_TRIALS:
-                matched = matched_effect(matching, [r.get(name) for r in rows], yv / scale, name, seed=seed)
+            if len(measured) >= NO_EFFECT_MIN_TRIALS:
+                matched = matched_effect(matching, [r.get(name) for r in exact_rows], yv[measured] / scale, name,
+                                         seed=seed)
             verdict = "uncertain"
             if (matched is not None and matched["spread_high"] is not None and matched["pairs"] >= NO_EFFECT_MIN_PAIRS
                     and matched["spread_high"] < no_effect_spread and matched["resolution"] < no_effect_spread):
@@ -467,12 +392,32 @@ def importance_of(rows: list[dict[str, Any]], y: Sequence[float], *, relative: b
         doc["params"][name] = {"median": round(med, 4), "low": round(lo, 4), "high": round(hi, 4), "verdict": verdict,
                                "alone": {"median": round(alone[0], 4), "low": round(alone[1], 4), "high": round(alone[2], 4)},
                                "spread": round(float(np.median(spread[:, j])), 4), "spread_high": round(spread_hi, 4),
-                               "values": _tried([r.get(name) for r in rows]), "matched": matched}
+                               "values": _tried([r.get(name) for r in rows]), "matched": matched,
+                               **({"p": round(p, 4)} if p is not None else {})}
     for name, g in named:
         if g is None:
             doc["params"][name] = {"verdict": "not varied", "values": _tried([r.get(name) for r in rows])}
     doc["params"] = dict(sorted(doc["params"].items(), key=lambda kv: -kv[1].get("median", -1.0)))
+    doc["sureness"] = sureness(n, len(measured), len(varied), sure_trials)
     return doc
+
+
+def sureness(trials: int, measured: int, rated: int, sure_trials: int = MIN_TRIALS) -> str:
+    """How far ``trials`` (``measured`` of them to the end, the rest bounds) go, in words, for
+    ``rated`` parameters."""
+    if trials < sure_trials:
+        text = (f"few trials ({trials}): each share is given only the parameters found by a permutation test "
+                f"over all {rated} (p <= {FAMILY_ALPHA:g}), the only ones named an effect; the intervals run "
+                f"narrower than the truth")
+    elif measured < NO_EFFECT_MIN_TRIALS:
+        text = (f"{trials} trials: enough to name an effect, too few to rule one out "
+                f"(that needs {NO_EFFECT_MIN_TRIALS} measured to the end)")
+    else:
+        text = f"{trials} trials"
+    if measured < trials:
+        text += (f"; {trials - measured} of them stopped early, counted at their projected value "
+                 f"(an upper bound of what they would have measured)")
+    return text
 
 
 def _tried(values: list[Any]) -> Any:
@@ -483,13 +428,18 @@ def _tried(values: list[Any]) -> Any:
     return list({repr(x): x for x in present}.values())
 
 
-def importance(views: Sequence[TrialRecord]) -> dict[str, Any]:
-    """Importance for the objective (feasible trials measured to the end: a ``stopped`` trial has
-    no final value, only a bound) and for feasibility (finished trials; a stopped one ran fine)."""
+def importance(views: Sequence[TrialRecord], projected: Mapping[int, float] | None = None) -> dict[str, Any]:
+    """Importance for the objective (feasible trials measured to the end, and those stopped early
+    at their projected value: :func:`stopped_value`) and for feasibility (finished trials; a
+    stopped one ran fine). ``projected``: a stopped trial's last projected value by number, where
+    its record has none (Optuna's intermediate values)."""
     rows = finished(views)
-    feasible = [v for v in rows if v.outcome == "ok" and v.value is not None]
-    objective = importance_of([v.params for v in feasible], [float(v.value) for v in feasible],  # type: ignore[arg-type]
-                              relative=True)
+    scored = [(v, float(v.value)) for v in rows if v.outcome == "ok" and v.value is not None]
+    scored += [(v, x) for v in rows if v.outcome == "stopped"
+               for x in [stopped_value(v, (projected or {}).get(v.number))] if x is not None]
+    scored.sort(key=lambda vx: vx[0].number)
+    objective = importance_of([v.params for v, _ in scored], [x for _, x in scored], relative=True,
+                              exact=[v.outcome == "ok" for v, _ in scored])
     feas = importance_of([v.params for v in rows], [1.0 if v.outcome in MEASURED else 0.0 for v in rows],
                          relative=False, min_outcomes=MIN_OUTCOMES)
     method = (f"share of the variance only this parameter accounts for in an additive model over all parameters "
@@ -499,10 +449,23 @@ def importance(views: Sequence[TrialRecord]) -> dict[str, Any]:
                  f"effect between the values they compare below {NO_EFFECT_SPREAD:g} of the mean objective "
                  f"({NO_EFFECT_SPREAD_FEASIBILITY:g} for feasibility) at the {INTERVAL[1]:g}th percentile of "
                  f"{NO_EFFECT_RESAMPLES} bootstrap resamples")
-    return {"method": method, "no_effect_method": no_effect, "effect_share": EFFECT_SHARE,
+    few = (f"effect below {NO_EFFECT_MIN_TRIALS} trials: also (below {MIN_TRIALS}, only) where the parameter "
+           f"accounts for more of what the parameters found before it leave than any parameter does over "
+           f"{PERMUTATIONS} shuffles of the trials, but in a share p <= {FAMILY_ALPHA:g} of them")
+    return {"method": method, "no_effect_method": no_effect, "few_trials_method": few, "effect_share": EFFECT_SHARE,
             "no_effect_spread": NO_EFFECT_SPREAD, "objective": objective, "feasibility": feas}
 
 
+def stopped_value(v: TrialRecord, last: float | None = None) -> float | None:
+    """What a trial stopped early counts as: its recorded projected value (the final value had the
+    rest of its load run at its peak rate, at most its stop's bound; above what it would have
+    measured, so its configuration's shortfall is understated, never overstated), else ``last``
+    (its last intermediate value), else None (not counted)."""
+    stop = v.early_stop or {}
+    values = [float(x) for x in (stop.get("projected"), stop.get("bound")) if isinstance(x, (int, float))]
+    if values:
+        return min(values)
+    return None if last is None else float(last)
 
 
-__all__ = ["importance", "importance_of", "matched_effect"]
+__all__ = ["importance", "importance_of", "matched_effect", "stopped_value", "sureness"]

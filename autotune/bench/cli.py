@@ -25,7 +25,7 @@ from autotune.errors import UsageError
 # autotune.bench.tuner (the driver, the simulator) is imported by the command itself: every other
 # `autotune` command would otherwise pay for it at start-up.
 
-app = typer.Typer(no_args_is_help=True, help="Benchmarks of the tuner itself (no GPU needed).")
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Benchmarks of the tuner itself (no GPU needed).")
 
 
 def _names(values: List[str] | None) -> tuple[str, ...]:
@@ -44,7 +44,12 @@ def _names(values: List[str] | None) -> tuple[str, ...]:
 @app.command("tuner")
 def tuner(
     scenario: Optional[List[str]] = typer.Option(None, "--scenario", metavar="S",
-                                                 help="A scenario (repeat or comma-separate; default: every built-in)."),
+                                                 help="A scenario (repeat or comma-separate; default: every built-in "
+                                                      "unless --generated is given)."),
+    generated: Optional[str] = typer.Option(None, "--generated", metavar="SEEDS",
+                                            help="Also run generated hosts (`autotune sim generate`): A-B or a "
+                                                 "comma-separated mix; 0-99 is the development half, 100-199 the "
+                                                 "held-back half."),
     space: str = typer.Option("sglang_nccl", "--space", help="Search space (built-in name or file)."),
     objective: str = typer.Option("quick", "--objective", help="Objective (built-in name or file)."),
     trials: int = typer.Option(60, "--trials", help="Trials per study (the baseline included)."),
@@ -66,8 +71,14 @@ def tuner(
     from autotune.sim.scenario import list_scenarios
     from autotune.bench.strategies import STRATEGIES
 
+    from autotune.sim.family import parse_seeds
+
+    try:
+        family = tuple(parse_seeds(generated)) if generated is not None else ()
+    except ValueError as exc:
+        raise UsageError(f"--generated: {exc}") from None
     opts = BenchOptions(
-        scenarios=_names(scenario) or tuple(list_scenarios()),
+        scenarios=_names(scenario) or (() if family else tuple(list_scenarios())), generated=family,
         strategies=_names([strategies]) if strategies is not None else STRATEGIES,
         space=space, objective=objective, trials=trials, seeds=seeds,
         jobs=jobs if jobs is not None else (os.cpu_count() or 1),
@@ -125,52 +136,88 @@ def _q(stat: dict[str, Any], fmt: str = "{:.2f}", pct: bool = False) -> str:
 
 def print_report(doc: dict[str, Any], out: Console) -> None:
     """Two tables per scenario (each strategy's median [quartiles] over its runs): how good the
-    best found is, and what reaching a share of the optimum costs; then the goals."""
-    from autotune.bench.scores import AFTER, CHECKPOINTS, TARGETS
-
+    best found is, and what reaching a share of the optimum costs; then the goals. Generated
+    hosts: one line each, then the same tables over the family."""
     o = doc["options"]
     out.print(f"{o['seeds']} seeds x {o['trials']} trials, space {o['space']}, objective {o['objective']}; "
               "median [q1-q3] over seeds; '-': not reached within the budget", markup=False, highlight=False)
+    family = doc.get("family")
     for name, sc in doc["scenarios"].items():
+        if family is not None and name.startswith("generated-"):
+            continue
         opt = sc["optimum"]
-        per = sc["strategies"]
-        first = next(iter(per.values()))
-        checkpoints = [c for c in CHECKPOINTS if str(c) in first["best_over_optimum_after"]]
-        quality = Table(title=f"{name}: optimum {opt['value']:.1f} {opt['metric']} ({sc['gpus']} GPUs); the "
-                              f"baseline (trial 1) reaches {sc['baseline_over_optimum']:.0%} of it",
-                        title_justify="left")
-        quality.add_column("strategy")
-        for c in checkpoints:
-            quality.add_column(f"best/optimum @{c}", justify="right")
-        quality.add_column("infeasible", justify="right")
-        quality.add_column(f"infeasible after {AFTER}", justify="right")
-        quality.add_column(f"never 90% in {first['never_90']['within']}", justify="right")
-        for strat, s in per.items():
-            quality.add_row(strat, *[_q(s["best_over_optimum_after"][str(c)]) for c in checkpoints],
-                            _q(s["infeasible_share"], pct=True), _q(s[f"infeasible_share_after_{AFTER}"], pct=True),
-                            f"{s['never_90']['runs']}/{s['runs']}")
-        out.print(quality)
-        cost = Table(title=f"{name}: trials and GPU-hours to reach a share of the optimum (runs that reached it)",
-                     title_justify="left")
-        cost.add_column("strategy")
-        keys = [f"{round(t * 100)}" for t in TARGETS]
-        for k in keys:
-            cost.add_column(f"trials to {k}%", justify="right")
-        for k in keys:
-            cost.add_column(f"GPU-h to {k}%", justify="right")
-        cost.add_column("stopped early", justify="right")
-        cost.add_column("GPU-h saved", justify="right")
-        for strat, s in per.items():
-            cost.add_row(strat, *[f"{_q(s['trials_to'][k], '{:.0f}')} ({s['trials_to'][k]['reached']}/{s['runs']})"
-                                  for k in keys],
-                         *[_q(s["gpu_hours_to"][k], "{:.1f}") for k in keys],
-                         _q(s["stopped_share"], pct=True),
-                         f"{_q(s['gpu_hours_saved'], '{:.1f}')} ({_q(s['gpu_hours_saved_share'], '{:.1%}')})")
-        out.print(cost)
-        for goal, g in sc.get("goals", {}).items():
-            verdict = {True: "met", False: "NOT met", None: "not measured"}[g["met"]]
-            out.print(f"  goal {goal}: {verdict}: {g['detail']}", markup=False, highlight=False)
+        _tables(out, f"{name}: optimum {opt['value']:.1f} {opt['metric']} ({sc['gpus']} GPUs); the baseline "
+                     f"(trial 1) reaches {sc['baseline_over_optimum']:.0%} of it", name, sc["strategies"], sc.get("goals", {}))
+    if family is not None:
+        _hosts(out, doc)
+        h = family["halves"]
+        _tables(out, f"generated family: {family['hosts']} hosts (seeds {_seeds(family['seeds'])}; development "
+                     f"{len(h['development'])}, held back {len(h['held_back'])}), every run pooled, each over its "
+                     "host's optimum", "family", family["strategies"], family["goals"])
     out.print(f"wall time {doc['wall_s']:.0f} s", markup=False, highlight=False)
+
+
+def _tables(out: Console, title: str, name: str, per: dict[str, Any], goals: dict[str, Any]) -> None:
+    """A scenario's (or the family's) two tables and its goals."""
+    from autotune.bench.scores import AFTER, CHECKPOINTS, TARGETS
+
+    first = next(iter(per.values()))
+    checkpoints = [c for c in CHECKPOINTS if str(c) in first["best_over_optimum_after"]]
+    quality = Table(title=title, title_justify="left")
+    quality.add_column("strategy")
+    for c in checkpoints:
+        quality.add_column(f"best/optimum @{c}", justify="right")
+    quality.add_column("infeasible", justify="right")
+    quality.add_column(f"infeasible after {AFTER}", justify="right")
+    quality.add_column(f"never 90% in {first['never_90']['within']}", justify="right")
+    for strat, s in per.items():
+        quality.add_row(strat, *[_q(s["best_over_optimum_after"][str(c)]) for c in checkpoints],
+                        _q(s["infeasible_share"], pct=True), _q(s[f"infeasible_share_after_{AFTER}"], pct=True),
+                        f"{s['never_90']['runs']}/{s['runs']}")
+    out.print(quality)
+    cost = Table(title=f"{name}: trials and GPU-hours to reach a share of the optimum (runs that reached it)",
+                 title_justify="left")
+    cost.add_column("strategy")
+    keys = [f"{round(t * 100)}" for t in TARGETS]
+    for k in keys:
+        cost.add_column(f"trials to {k}%", justify="right")
+    for k in keys:
+        cost.add_column(f"GPU-h to {k}%", justify="right")
+    cost.add_column("stopped early", justify="right")
+    cost.add_column("GPU-h saved", justify="right")
+    for strat, s in per.items():
+        cost.add_row(strat, *[f"{_q(s['trials_to'][k], '{:.0f}')} ({s['trials_to'][k]['reached']}/{s['runs']})"
+                              for k in keys],
+                     *[_q(s["gpu_hours_to"][k], "{:.1f}") for k in keys],
+                     _q(s["stopped_share"], pct=True),
+                     f"{_q(s['gpu_hours_saved'], '{:.1f}')} ({_q(s['gpu_hours_saved_share'], '{:.1%}')})")
+    out.print(cost)
+    for goal, g in goals.items():
+        verdict = {True: "met", False: "NOT met", None: "not measured"}[g["met"]]
+        out.print(f"  goal {goal}: {verdict}: {g['detail']}", markup=False, highlight=False)
+
+
+def _hosts(out: Console, doc: dict[str, Any]) -> None:
+    """One line per generated host: what it is, its optimum, each strategy's final best/optimum."""
+    hosts = {n: sc for n, sc in doc["scenarios"].items() if n.startswith("generated-")}
+    strategies = doc["options"]["strategies"]
+    table = Table(title="generated hosts: final best/optimum, median over the runs", title_justify="left")
+    for col in ("host", "what", "optimum", "baseline"):
+        table.add_column(col, justify="left" if col in ("host", "what") else "right")
+    for strat in strategies:
+        table.add_column(strat, justify="right")
+    for name, sc in hosts.items():
+        what = sc.get("description", "").split(" (generated")[0]
+        table.add_row(name, what, f"{sc['optimum']['value']:.0f}", f"{sc['baseline_over_optimum']:.0%}",
+                      *[_q(sc["strategies"][s]["best_over_optimum_final"]) for s in strategies])
+    out.print(table)
+
+
+def _seeds(seeds: list[int]) -> str:
+    """``0-19`` for a run of consecutive seeds, else the list."""
+    if seeds and seeds == list(range(seeds[0], seeds[0] + len(seeds))):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ",".join(map(str, seeds))
 
 
 __all__ = ["app", "print_report"]

@@ -240,7 +240,9 @@ class ModelExecutor:
             _, args = _parse([*self.server_args, *spec.args])
         except ValueError as exc:
             return _failed(result, "invalid-argument", str(exc), BAD_FLAG_S, timeout)
-        rule = (StopRule(self.stop_metric, spec.beat_value, spec.beat_reason)
+        least = self.objective.stop_after if self.objective is not None else None  # the objective's least load
+        rule = (StopRule(self.stop_metric, spec.beat_value, spec.beat_reason,
+                         *((least.min_requests, least.min_seconds) if least is not None else ()))
                 if self.stop_metric and spec.beat_value is not None else None)
         p = predict(self.scenario, args, env, self.workload, seed=self._noise_seed(spec, again=again),
                     on_progress=None if rule is None else self._watch(rule))

@@ -28,6 +28,8 @@ OPTIMUM_STARTS = 8
 """The best random configurations each refined by coordinate search."""
 AXIS_VALUES = 64
 """At most this many values per parameter in the coordinate search (all of them when fewer)."""
+NOT_THE_MODEL = ("cli.py", "family.py", "__main__.py")
+"""The simulator's modules left out of the cache key: they change no prediction of a scenario."""
 OPTIMUM_VERSION = "1"
 """Part of the optimum cache's key: bump when the search changes."""
 
@@ -52,14 +54,15 @@ def find_optimum(setup: Setup, *, random_points: int = OPTIMUM_RANDOM, starts: i
     together, until a sweep improves nothing.
 
     The result is cached in ``cache_dir`` (default: ``autotune-bench`` under the system temp
-    folder), keyed by the scenario, space, objective, env, search and the simulator's source.
+    folder), keyed by the scenario, space, objective, env, search and the simulator's source
+    (:data:`NOT_THE_MODEL` aside).
 
     Raises:
         UsageError: no random configuration is feasible.
     """
     folder = cache_dir or Path(tempfile.gettempdir()) / "autotune-bench"
     key = _optimum_key(setup, random_points, starts)
-    path = folder / f"optimum-{setup.scenario_name}-{key[:16]}.json"
+    path = folder / f"optimum-{Path(setup.scenario_name).stem}-{key[:16]}.json"  # a scenario file: its name
     try:
         doc = json.loads(path.read_text())
         return Optimum(doc["value"], doc["params"], doc["evaluated"], doc["method"], cached=True)
@@ -161,7 +164,8 @@ def _optimum_key(setup: Setup, random_points: int, starts: int) -> str:
     sim = Path(__file__).resolve().parents[1] / "sim"
     h = hashlib.sha256()
     for f in sorted(sim.glob("*.py")):
-        h.update(f.read_bytes())
+        if f.name not in NOT_THE_MODEL:
+            h.update(f.read_bytes())
     space = setup.space
     doc = {"v": OPTIMUM_VERSION, "scenario": setup.scenario.model_dump(mode="json"),
            "space": {n: optuna.distributions.distribution_to_json(d) for n, d in space.distributions().items()},

@@ -25,7 +25,7 @@ JSON), and how many runs reached.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from autotune.bench.study_trace import StudyTrace
 
@@ -64,8 +64,12 @@ def _first(values: Sequence[float], target: float) -> int | None:
     return None
 
 
-def summarize(traces: Sequence[StudyTrace], trials: int, gpus: int) -> dict[str, Any]:
-    """The scores of one strategy on one scenario over its runs (see the module docstring)."""
+def summarize(traces: Sequence[StudyTrace], trials: int, gpus: int | Mapping[str, int]) -> dict[str, Any]:
+    """The scores of one strategy on one scenario over its runs (see the module docstring);
+    ``gpus`` per scenario (a mapping) when the runs are on several."""
+    def g(t: StudyTrace) -> int:
+        return gpus if isinstance(gpus, int) else gpus[t.scenario]
+
     out: dict[str, Any] = {"runs": len(traces)}
     out["best_over_optimum_after"] = {str(c): quartiles([t.ratio[min(c, len(t.ratio)) - 1] for t in traces])
                                       for c in CHECKPOINTS if c <= trials}
@@ -80,7 +84,7 @@ def summarize(traces: Sequence[StudyTrace], trials: int, gpus: int) -> dict[str,
         # "at_least": the median with a run that never got there counted at what it spent without
         # getting there (its trials + 1, its GPU-hours): a lower bound on what it needed
         trials_spent = [len(t.ratio) + 1 if f is None else f for t, f in zip(traces, firsts)]
-        hours_spent = [sum(t.seconds[:f]) * gpus / 3600 for t, f in zip(traces, firsts)]  # [:None]: all
+        hours_spent = [sum(t.seconds[:f]) * g(t) / 3600 for t, f in zip(traces, firsts)]  # [:None]: all
         to_trials[key] = {**quartiles([math.inf if f is None else n for f, n in zip(firsts, trials_spent)]),
                           "reached": reached, "at_least": quartiles(trials_spent)["median"]}
         to_hours[key] = {**quartiles([math.inf if f is None else h for f, h in zip(firsts, hours_spent)]),
@@ -92,11 +96,11 @@ def summarize(traces: Sequence[StudyTrace], trials: int, gpus: int) -> dict[str,
     out[f"infeasible_share_after_{AFTER}"] = quartiles([sum(a) / len(a) for a in after])
     within = min(40, trials)
     out["never_90"] = {"within": within, "runs": sum(_first(t.ratio[:within], 0.90) is None for t in traces)}
-    out["gpu_hours_total"] = quartiles([sum(t.seconds) * gpus / 3600 for t in traces])
+    out["gpu_hours_total"] = quartiles([sum(t.seconds) * g(t) / 3600 for t in traces])
     out["stopped_share"] = quartiles([sum(t.stopped) / len(t.seconds) for t in traces])
-    saved = [(sum(t.full_seconds or t.seconds) - sum(t.seconds)) * gpus / 3600 for t in traces]
+    saved = [(sum(t.full_seconds or t.seconds) - sum(t.seconds)) * g(t) / 3600 for t in traces]
     out["gpu_hours_saved"] = quartiles(saved)
-    out["gpu_hours_saved_share"] = quartiles([s / (s + sum(t.seconds) * gpus / 3600) if s > 0 else 0.0
+    out["gpu_hours_saved_share"] = quartiles([s / (s + sum(t.seconds) * g(t) / 3600) if s > 0 else 0.0
                                               for s, t in zip(saved, traces)])
     out["driver_ms_per_trial"] = quartiles([1000 * sum(t.driver_s) / len(t.driver_s) for t in traces if t.driver_s])
     tail = [t.driver_s[-max(1, len(t.driver_s) // 10):] for t in traces if t.driver_s]

@@ -13,7 +13,9 @@ strategies meet the same noise.
 
 :func:`run_bench` finds each scenario's optimum (:func:`~autotune.bench.optimum.find_optimum`),
 runs every study of :class:`BenchOptions` and returns :func:`report`: per scenario and strategy
-the scores of :mod:`autotune.bench.scores`, and the issue's goals as measured (:func:`goals`).
+the scores of :mod:`autotune.bench.scores`, and the issue's goals as measured (:func:`goals`); with
+generated hosts (``generated``, :mod:`autotune.bench.family`) also the scores and goals over the
+family, every run pooled.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from autotune.bench.family import family_files, halves, summarize_family
 from autotune.bench.optimum import OPTIMUM_RANDOM, Optimum, find_optimum, ratio
 from autotune.bench.scores import AFTER, summarize
 from autotune.bench.setups import Setup, evaluator
@@ -54,6 +57,8 @@ class BenchOptions:
     """Random configurations the optimum's dense search starts from (:func:`find_optimum`)."""
     early_stop: bool = True
     """False: the objective's ``early_stop`` off, every trial's load runs to its end."""
+    generated: tuple[int, ...] = ()
+    """Seeds of generated hosts (:mod:`autotune.sim.family`) run beside ``scenarios``."""
 
 
 def check_options(opts: BenchOptions) -> list[Setup]:
@@ -76,7 +81,7 @@ def check_options(opts: BenchOptions) -> list[Setup]:
         raise UsageError(f"--noise must be in [0, 0.5), got {opts.noise:g}")
     if opts.scratch is not None and not (Path(opts.scratch).is_dir() and os.access(opts.scratch, os.W_OK)):
         raise UsageError(f"--scratch {opts.scratch}: not a writable folder")
-    if not opts.scenarios:
+    if not opts.scenarios and not opts.generated:
         raise UsageError("no scenario given")
     if not opts.strategies:
         raise UsageError("no strategy given")
@@ -84,7 +89,7 @@ def check_options(opts: BenchOptions) -> list[Setup]:
         if name not in STRATEGIES:
             raise UsageError(f"unknown strategy '{name}' (strategies: {', '.join(STRATEGIES)})")
     setups = []
-    for name in opts.scenarios:
+    for name in (*opts.scenarios, *family_files(opts.generated)):
         if name not in list_scenarios() and not Path(name).is_file():
             raise UsageError(f"unknown scenario '{name}' (built-in: {', '.join(list_scenarios())})")
         setup = Setup(name, opts.space, opts.objective, opts.noise, opts.early_stop)
@@ -159,30 +164,40 @@ def report(opts: BenchOptions, setups: Sequence[Setup], optima: dict[str, Optimu
     """The JSON document of a benchmark: options, per scenario the optimum and each strategy's
     scores, and the issue's goals as measured."""
     scenarios: dict[str, Any] = {}
+    family: dict[str, int] = {}
     for setup in setups:
         name = setup.scenario_name
+        key = setup.scenario.name if Path(name).is_file() and setup.scenario.name not in scenarios else name
+        if opts.generated and setup.scenario.name.startswith("generated-") and Path(name).is_file():
+            family[name] = setup.scenario.gpu.count
         opt = optima[name]
         gpus = setup.scenario.gpu.count
         baseline = evaluator(setup).value(setup.space.complete({}))
         per = {s: summarize([t for t in traces if t.scenario == name and t.strategy == s], opts.trials, gpus)
                for s in opts.strategies}
-        scenarios[name] = {
-            "gpus": gpus,
+        scenarios[key] = {
+            "gpus": gpus, "description": setup.scenario.description,
             "optimum": {"value": opt.value, "metric": setup.objective.metric, "params": opt.params,
                         "method": opt.method, "evaluated": opt.evaluated},
             "baseline_over_optimum": ratio(baseline, opt.value, evaluator(setup).maximize),
             "strategies": per,
             "goals": goals(per, opts),
         }
-    return {
+    doc: dict[str, Any] = {
         "benchmark": "tuner",
         "options": {"scenarios": list(opts.scenarios), "strategies": list(opts.strategies), "space": opts.space,
                     "objective": opts.objective, "trials": opts.trials, "seeds": opts.seeds, "jobs": opts.jobs,
                     "noise": opts.noise, "scratch": opts.scratch or default_scratch(),
-                    "optimum_points": opts.optimum_points, "early_stop": opts.early_stop},
+                    "optimum_points": opts.optimum_points, "early_stop": opts.early_stop,
+                    "generated": list(opts.generated)},
         "scenarios": scenarios,
-        "wall_s": round(wall_s, 1),
     }
+    if family:
+        per = summarize_family(traces, opts.strategies, opts.trials, family)
+        doc["family"] = {"seeds": list(opts.generated), "halves": halves(opts.generated), "hosts": len(family),
+                         "strategies": per, "goals": goals(per, opts)}
+    doc["wall_s"] = round(wall_s, 1)
+    return doc
 
 
 def goals(per: dict[str, Any], opts: BenchOptions) -> dict[str, Any]:

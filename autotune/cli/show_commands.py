@@ -250,7 +250,9 @@ def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool 
             _out.print(Text.assemble(("what matters for " + label, "bold"), f": {part['verdict']}"))
             continue
         _out.print(Text("what matters for " + label, "bold"),
-                   Text(f"(share of the variance only it accounts for, {part['trials']} trials: median [90 % interval])"))
+                   Text(f"(share of the variance it accounts for, {part['trials']} trials: median [90 % interval])"))
+        if part.get("sureness"):
+            _print_item(f"how sure: {part['sureness']}")
         relative, bounded = part["relative"], False
         width = max((len(k) for k in part["params"]), default=0)  # so that a verdict with its bound fits 80
         for k, v in part["params"].items():
@@ -265,6 +267,8 @@ def study_explain(name: str = NameArg, storage: str = StorageOpt, as_json: bool 
                     isinstance(x, (int, float)) and not isinstance(x, bool) for x in v["values"])
                 shown = f"{over[0]}..{over[1]}" if numeric else ", ".join(map(str, over))
                 verdict += f" (between the values compared: {shown})"
+            if verdict == "effect" and isinstance(v.get("p"), (int, float)):
+                verdict += f" (p {v['p']:.2g})"
             share = f"{v['median']:.2f} [{v['low']:.2f}, {v['high']:.2f}]  " if "median" in v else ""
             line = f"{k:{width}s}  {share}"
             _print_item(line + verdict, hang=2 + len(line))  # a long verdict wraps under itself

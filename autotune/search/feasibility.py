@@ -9,8 +9,9 @@ trials that ran (0) and those that failed with that kind (1). ``nccl-error`` is 
 buffers that do not fit fail as an NCCL error, and a choice that cannot run is a one-hot weight.
 
 Features: a number scaled linearly over its range (a log range too: memory grows with a value);
-a categorical with numeric choices gives its position and its value (a non-number: 0); any other
-categorical is one-hot.
+a categorical with numeric choices gives its position and its value (a non-number: 0), and
+whether it is a non-number (``unset`` is a step of its own: no speculation is not "0 draft
+tokens", the data says what setting it costs); any other categorical is one-hot.
 
 Contract: :meth:`FeasibilityModel.fit` uses only what it is given; a kind with fewer than
 :data:`MIN_EACH` failures or :data:`MIN_EACH` runs gets no model; :meth:`FeasibilityModel.chance`
@@ -89,6 +90,8 @@ class FeasibilityModel:
                 if numbers:  # its position, and its value (a non-number, such as unset: 0)
                     out.append(at / max(1, len(choices) - 1))
                     out.append((float(value) if is_number(value) else 0.0) / max(max(numbers), 1e-12))
+                    if len(numbers) < len(choices):  # a non-number is a step of its own, not "0" on the scale
+                        out.append(0.0 if is_number(value) else 1.0)
                 else:
                     out.extend(1.0 if i == at else 0.0 for i in range(1, len(choices)))
             elif isinstance(dist, (IntDistribution, FloatDistribution)):

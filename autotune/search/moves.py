@@ -15,7 +15,6 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial
 
 from autotune.analysis.conditions import is_number
-from autotune.outcome.failures import MEMORY_KINDS
 from autotune.store.record import PROPOSED_ATTR, failed_kind
 
 
@@ -56,13 +55,11 @@ def refused(moves: Sequence[FailedMove], search_space: Mapping[str, BaseDistribu
             current: Any) -> bool:
     """Whether a probe moving ``name`` from ``current`` to ``value`` repeats a failed move.
 
-    - A memory failure (:data:`~autotune.outcome.failures.MEMORY_KINDS`) of an ordered parameter
-      (:func:`ordered`): any move the same way (memory is monotone in most launch parameters,
-      declared or not: the incumbent has no room that way).
-    - Another failure of a number: a move the same way to its value or beyond (a threshold: more
-      channels than the buffers allow).
-    - Another failure of an unordered choice (``NCCL_ALGO=Tree``), or a memory failure of one:
-      that choice.
+    - A failure of an ordered parameter (:func:`ordered`): a move the same way to the failed
+      value or beyond (a threshold: more channels than the buffers allow). What lies between the
+      value that ran and the one that failed is not known from these two launches: a smaller
+      step is a new measurement (no speculation -> 8 draft tokens failing says nothing of 2).
+    - A failure of an unordered choice (``NCCL_ALGO=Tree``): that choice.
     """
     dist = search_space[name]
     for m in moves:
@@ -75,7 +72,7 @@ def refused(moves: Sequence[FailedMove], search_space: Mapping[str, BaseDistribu
         way = _sign(_position(dist, m.after) - _position(dist, m.before))
         if way == 0 or _sign(_position(dist, value) - _position(dist, current)) != way:
             continue
-        if m.kind in MEMORY_KINDS or way * (_position(dist, value) - _position(dist, m.after)) >= 0:
+        if way * (_position(dist, value) - _position(dist, m.after)) >= 0:
             return True
     return False
 

@@ -6,8 +6,8 @@
   parameter of the incumbent at a time; after :data:`PROBE_AFTER` trials every
   :data:`PROBE_EVERY`-th proposal does, to the part of its range explored least
   (:mod:`autotune.search.proposals`).
-- **Crash regions**: a proposal inside a rule's region (:func:`~autotune.analysis.crash_rules.failure_rules`)
-  is kept with probability ``(1 - p) c_ok / (p c_fail + (1 - p) c_ok)``, its measurements per
+- **Crash regions**: a proposal inside a rule's region (:func:`~autotune.analysis.crash_rules.failure_rules`:
+  its conditions, within the rule's scope, where the study's trials showed it) is kept with probability ``(1 - p) c_ok / (p c_fail + (1 - p) c_ok)``, its measurements per
   unit of GPU time next to a sure proposal: ``p`` the rule's share of failures, ``c_fail`` the
   mean duration of its failures, ``c_ok`` the median duration of a measured trial. A region where
   every trial failed is never proposed again.
@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import optuna
-from optuna.distributions import BaseDistribution
+from optuna.distributions import BaseDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.analysis.explain import analysed_views, failure_rules
@@ -121,6 +121,7 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         self._boundary = FeasibilityModel({})
         self._boundary_cost: dict[str, float] = {}
         self._learnt_at: tuple[int, tuple[str, ...]] | None = None
+        self._bounds: dict[str, tuple[float, float]] = {}
 
     # -- the sampler protocol --------------------------------------------------------------------
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
@@ -235,6 +236,8 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         """Read the failed moves, the named choices (:meth:`regions`) and the boundary from
         ``finished``; kept until a trial finishes or the search space changes (parallel slots ask
         several times between)."""
+        self._bounds = {n: (float(d.low), float(d.high)) for n, d in search_space.items()
+                        if isinstance(d, (IntDistribution, FloatDistribution))}
         self.regions(study)
         key = (len(finished), tuple(search_space))
         if key == self._learnt_at:
@@ -258,12 +261,13 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
             ok = sorted(durations[v.number] for v in views if v.outcome == "ok")
             typical = ok[len(ok) // 2] if ok else 0.0
             out = []
-            rules = failure_rules(views, self.monotone).rules  # as `study explain` states them
+            rules = failure_rules(views, self.monotone, self._bounds).rules  # as `study explain` states them
             self._named = {(c.param, c.value) for rule in rules if rule.named for c in rule.conditions}
             for rule in rules:
                 failed = [durations.get(n, 0.0) for n in rule.trials] or [typical]
                 ratio = (sum(failed) / len(failed)) / typical if typical > 0 else 1.0
-                out.append((rule.conditions, rule.failed / rule.covered, max(ratio, 1e-3)))
+                # a region holds where the rule was shown (its scope), not where no trial of it went
+                out.append((tuple(rule.conditions) + tuple(rule.scope), rule.failed / rule.covered, max(ratio, 1e-3)))
             self._rules, self._rules_at = out, finished
             self._boundary_cost = {}
             for kind in MODELLED_KINDS:

@@ -1,4 +1,4 @@
-"""``autotune sim ...`` / ``python -m autotune.sim ...``: serve, scenarios, predict.
+"""``autotune sim ...`` / ``python -m autotune.sim ...``: serve, scenarios, predict, generate.
 
 Commands only: parse, call, print. Bad input prints one line on stderr and exits 2.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import List, Optional
 
 import typer
@@ -18,7 +19,7 @@ from autotune.sim.scenario import ScenarioError, load_scenario, scenario_descrip
 
 __all__ = ["app"]
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="The simulated GPU host: an SGLang-like server driven by a scenario file.")
 
 
@@ -66,6 +67,35 @@ def _split_sets(items: List[str]) -> tuple[dict[str, str], dict[str, str]]:
         else:
             flags[key] = value.strip()
     return env, flags
+
+
+@app.command(name="generate")
+def generate_cmd(
+    seeds: str = typer.Argument(..., metavar="SEEDS", help="Seeds: N, A-B (inclusive) or a comma-separated mix."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder to write generated-SEED.yaml files into "
+                                       "(default: print the YAML of one seed)."),
+) -> None:
+    """Draw plausible hosts from seeds (the generated family): scenario YAML that `autotune sim`
+    and `autotune bench tuner` load. The same seed gives the same host."""
+    from autotune.sim.family import generate, generated_name, parse_seeds, to_yaml
+
+    try:
+        chosen = parse_seeds(seeds)
+    except ValueError as exc:
+        raise _bad(str(exc)) from None
+    if out is None:
+        if len(chosen) > 1:
+            raise _bad(f"{len(chosen)} seeds: give --out DIR to write them (one seed prints its YAML)")
+        sys.stdout.write(to_yaml(generate(chosen[0])))
+        return
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for seed in chosen:
+            path = out / f"{generated_name(seed)}.yaml"
+            path.write_text(to_yaml(generate(seed)), encoding="utf-8")
+            sys.stdout.write(f"{path}\n")
+    except OSError as exc:
+        raise _bad(f"--out {out}: cannot write: {exc.strerror}") from None
 
 
 @app.command(name="predict")

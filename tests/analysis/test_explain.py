@@ -360,9 +360,14 @@ def test_no_effect_needs_many_trials_and_matched_evidence(tmp_path: Path) -> Non
         return None, _throughput(p, rng)
 
     few, _ = _study(tmp_path, "few", 12, judge, seed=2)
-    doc = explain(few)
-    assert doc["importance"]["objective"]["verdict"] == "not enough trials (12, need 20)"
-    assert doc["importance"]["objective"]["params"] == {}
+    part = explain(few)["importance"]["objective"]
+    assert part["verdict"] == "ok" and part["trials"] == 12 and part["sureness"].startswith("few trials (12)")
+    assert part["params"]["NCCL_PROTO"]["verdict"] == "effect" and part["params"]["NCCL_PROTO"]["p"] <= 0.01
+    assert part["params"]["NCCL_PROTO"]["low"] >= 0.5  # given only what the test found: not lost among 10 terms
+    assert all(v["verdict"] != "no measurable effect" for v in part["params"].values())
+    assert part["params"]["num_continuous_decode_steps"]["verdict"] == "uncertain"
+    tiny, _ = _study(tmp_path, "tiny", 9, judge, seed=2)
+    assert explain(tiny)["importance"]["objective"]["verdict"] == "not enough trials (9, need 10)"
 
 
 def test_no_effect_holds_only_between_the_values_compared(tmp_path: Path) -> None:
@@ -935,3 +940,58 @@ def test_a_probe_of_channels_at_one_configuration_is_no_derived_rule() -> None:
     doc = explain(study)
     assert not [r for r in doc["failure_rules"] if "nccl_buffers_mib" in r["condition"]], _rules(doc)
     assert doc["unexplained_failures"]["count"] == 4, _rules(doc)
+
+
+def test_a_demo_sized_study_says_what_matters_with_its_uncertainty(tmp_path: Path) -> None:
+    """The demo's size: 20 trials by the driver on the simulated GLM-5 host, some stopped early.
+    The trials stopped early count at their projected value (an upper bound), each parameter gets
+    a share with its interval, an effect its permutation test's p, and the analysis says how sure
+    it is; nothing is ruled out over so few trials."""
+    from autotune.bench.model_executor import ModelExecutor
+    from autotune.bench.setups import Setup
+    from autotune.study.driver import Driver
+
+    setup = Setup("rtx6000-pcie-glm5", "sglang_nccl", "quick", None)
+    storage = f"sqlite:///{tmp_path}/demo.db"
+    cfg = setup.config(name="demo20", storage=storage, sampler="tpe", seed=2, trials=20)
+    study = Driver(cfg, setup.space, setup.objective, ModelExecutor.for_target(cfg, setup.objective, seed=2),
+                   trials=20).run().study
+    outcomes = [t.user_attrs.get("outcome") for t in study.trials]
+    stopped, ok = outcomes.count("stopped"), outcomes.count("ok")
+    assert stopped >= 1 and ok + stopped < 20 + 1
+    part = explain(study)["importance"]["objective"]
+    assert part["verdict"] == "ok" and part["trials"] == ok + stopped and part["bounded"] == stopped
+    assert f"{stopped} of them stopped early" in part["sureness"] and "too few to rule one out" in part["sureness"]
+    rated = {k: v for k, v in part["params"].items() if "median" in v}
+    assert len(rated) >= 8 and all(0.0 <= v["low"] <= v["median"] <= v["high"] <= 1.0 for v in rated.values())
+    assert all(v["verdict"] in ("effect", "uncertain") for v in rated.values())
+    effects = [v for v in rated.values() if v["verdict"] == "effect"]
+    assert effects and all(v.get("p", 1.0) <= 0.01 or v["low"] >= 0.05 for v in effects), rated
+    text = " ".join(autotune("study", "explain", "demo20", "--storage", storage, cwd=tmp_path).stdout.split())
+    assert "not enough trials" not in text and f"{ok + stopped} trials: median [90 % interval]" in text
+
+
+def test_a_stopped_trial_counts_at_its_projected_value_and_never_in_a_matched_pair(tmp_path: Path) -> None:
+    """Trials stopped early carry a bound, not a figure: counted at their recorded projected value
+    (or, without one, their last intermediate value), and left out of the matched comparisons
+    that "no measurable effect" rests on."""
+    from autotune.analysis.importance import stopped_value
+    from autotune.store.record import read
+
+    rng = random.Random(7)
+    study = optuna.create_study(study_name="bounds", storage=f"sqlite:///{tmp_path}/b.db", direction="maximize")
+    for i in range(14):
+        p = _random_params(rng)
+        study.add_trial(_trial(p, None, _throughput(p, rng)))
+    for i in range(6):
+        p = {**_random_params(rng), "NCCL_PROTO": "LL"}
+        attrs = {"applied": p, "feasible": False, "failure_kind": None, "outcome": "stopped", "metrics": {}}
+        if i % 2:
+            attrs["early_stop"] = {"projected": 590.0 + i, "bound": 640.0 + i}
+        study.add_trial(create_trial(params=p, distributions=DISTS, state=TrialState.PRUNED, user_attrs=attrs,
+                                     intermediate_values={25: 700.0, 50: 610.0 + i}))
+    stopped = [read(t) for t in study.trials if t.user_attrs["outcome"] == "stopped"]
+    assert [stopped_value(v, 610.0 + i) for i, v in enumerate(stopped)] == [610.0, 591.0, 612.0, 593.0, 614.0, 595.0]
+    part = explain(study)["importance"]["objective"]
+    assert part["trials"] == 20 and part["bounded"] == 6 and "6 of them stopped early" in part["sureness"]
+    assert part["params"]["NCCL_PROTO"]["verdict"] == "effect"

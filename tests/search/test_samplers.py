@@ -476,10 +476,10 @@ def test_a_choice_its_failure_names_is_not_proposed_again() -> None:
 
 def test_a_probe_that_failed_one_way_is_not_repeated_that_way() -> None:
     """A probe moves one parameter of a configuration that ran, so its failure is the move's.
-    A memory failure refuses every later probe of that parameter the same way (more draft
-    tokens, from 8 to 4, fail too at the same memory); the other way stays open. Another
-    failure of a number refuses its value and beyond (a threshold); of an unordered choice,
-    that choice."""
+    A failure of an ordered parameter refuses later probes that way to its value and beyond (a
+    threshold), memory failures too: what lies between the value that ran and the failed one
+    was not measured (2 draft tokens ran and 8 failed: 4 is still open, as is anything the
+    other way); of an unordered choice, that choice."""
     dists = {"draft": CategoricalDistribution(["unset", 2, 4, 8]), "channels": IntDistribution(1, 32),
              "algo": CategoricalDistribution(["unset", "Ring", "Tree"]), "mem": FloatDistribution(0.5, 0.95)}
     study = optuna.create_study(direction="maximize")
@@ -495,7 +495,8 @@ def test_a_probe_that_failed_one_way_is_not_repeated_that_way() -> None:
     moves = failed_moves(study.trials, dists)
     assert [(m.param, m.before, m.after, m.kind) for m in moves] == [
         ("draft", 2, 8, "oom"), ("channels", 4, 24, "nccl-error"), ("algo", "unset", "Tree", "nccl-error")]
-    assert refused(moves, dists, "draft", 4, 2) and not refused(moves, dists, "draft", "unset", 2)
+    assert refused(moves, dists, "draft", 8, 2) and refused(moves, dists, "draft", 8, "unset")
+    assert not refused(moves, dists, "draft", 4, 2) and not refused(moves, dists, "draft", "unset", 2)
     assert refused(moves, dists, "channels", 28, 4) and not refused(moves, dists, "channels", 16, 4)
     assert not refused(moves, dists, "channels", 2, 4)
     assert refused(moves, dists, "algo", "Tree", "unset") and not refused(moves, dists, "algo", "Ring", "unset")
@@ -547,3 +548,27 @@ def test_a_region_over_the_nccl_buffers_per_peer_is_not_proposed_again() -> None
     assert crash_aware._regions_worth(study(), inside) == 0.0  # the region holds it, by its parameters alone
     assert not any(x >= threshold for x in proposals(crash_aware))
     assert sum(x >= threshold for x in proposals(CrashAwareTPESampler(seed=1, avoid_crashes=False))) >= 3
+
+
+def test_a_region_holds_only_where_its_failures_were_shown() -> None:
+    """Speculation ran out of memory at every fraction it was tried at, all of them high: the
+    region is speculation at those fractions (the rule's scope), not speculation anywhere. A small
+    draft at a low fraction was never measured, so nothing the study saw rules it out."""
+    dists = {"draft": CategoricalDistribution(["unset", 2, 4, 8]), "mem": FloatDistribution(0.5, 0.95),
+             "algo": CategoricalDistribution(["Ring", "Tree", "unset"])}
+    monotone = {"draft": {"oom": "up"}, "mem": {"oom": "up"}}
+    study = optuna.create_study(direction="maximize")
+    for i, mem in enumerate((0.5, 0.6, 0.7, 0.8, 0.85, 0.88, 0.9, 0.92)):
+        p = {"draft": "unset", "mem": mem, "algo": dists["algo"].choices[i % 3]}
+        study.add_trial(create_trial(params=p, distributions=dists, value=1000 * mem,
+                                     user_attrs={"outcome": "ok", "feasible": True, "applied": p}))
+    for i, (draft, mem) in enumerate(((2, 0.9), (4, 0.88), (8, 0.92), (2, 0.93))):
+        p = {"draft": draft, "mem": mem, "algo": dists["algo"].choices[i % 3]}
+        study.add_trial(create_trial(params=p, distributions=dists, state=TrialState.PRUNED,
+                                     user_attrs={"outcome": "infeasible", "feasible": False, "failure_kind": "oom",
+                                                 "applied": p}))
+    sampler = CrashAwareTPESampler(seed=1, monotone=monotone)
+    (conditions, p_fail, _), = sampler.regions(study)
+    assert [str(c) for c in conditions] == ["draft >= 2", "mem >= 0.88"] and p_fail == 1.0
+    assert sampler.worth(study, {"draft": 2, "mem": 0.91, "algo": "Ring"}) == 0.0
+    assert sampler.worth(study, {"draft": 2, "mem": 0.6, "algo": "Ring"}) == 1.0
