@@ -133,8 +133,17 @@ def test_an_hours_budget_stops_the_study(tmp_path: Path) -> None:
 def test_faults_are_retried_then_three_in_a_row_stop_the_study(tmp_path: Path) -> None:
     """A port the test keeps listening on: every launch is a ``port-busy`` fault (the host's, not
     the configuration's). Each is FAIL and its parameters run again up to ``max_fault_retries``
-    times; the third fault in a row stops the study with exit code 1; what was recorded stays,
-    and once the port is free the study resumes with the retry that was waiting."""
+    times; the third fault in a row stops the study (HostBrokenError: exit code 1 on the command
+    line); what was recorded stays, and once the port is free the study resumes with the retry
+    that was waiting. The driver is run as the command line builds it, less the preflight, which
+    refuses a fixed port already in use before the first trial (tests/cli/test_init.py): here
+    the port is taken while the study runs, as another program may take it."""
+    from autotune.config.study import StudyConfig
+    from autotune.execution.host_factory import make_hosts
+    from autotune.execution.stopping import StopRequest
+    from autotune.study import build
+    from autotune.study.driver import HostBrokenError
+
     storage = _storage(tmp_path)
     holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -143,10 +152,17 @@ def test_faults_are_retried_then_three_in_a_row_stop_the_study(tmp_path: Path) -
         port = holder.getsockname()[1]
         cfg = _edit(write_study(tmp_path, "faults", {"mem_fraction_static": SAFE_MFS}, trials=3, overrides=LOAD),
                     target={"port": port}, max_fault_retries=1)
-        proc = autotune("study", "start", str(cfg), cwd=tmp_path, check=False)
-        assert proc.returncode == 1, proc.stderr
-        assert "3 infrastructure faults in a row" in proc.stderr and "port-busy" in proc.stderr, proc.stderr
-        assert f"port {port}" in proc.stderr
+        plan = build.plan(StudyConfig.load(cfg))
+        hosts, stop = make_hosts(plan.config.target), StopRequest()
+        driver = build.driver(plan, build.executor(plan, hosts, stop=stop), stop=stop, hosts=hosts)
+        try:
+            with pytest.raises(HostBrokenError) as broken:
+                driver.run()
+        finally:
+            build.close(driver)
+        message = str(broken.value)
+        assert "3 infrastructure faults in a row" in message and "port-busy" in message, message
+        assert f"port {port}" in message
     finally:
         holder.close()
     t0, t1, t2, waiting = _trials(storage, "faults")
