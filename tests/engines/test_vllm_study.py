@@ -184,7 +184,10 @@ def test_real_vllm_study_measures_classifies_and_exports(tiny_model: Path, tmp_p
 
     from autotune.profiles.verify import load_profile
 
-    prov = load_profile(tmp_path / "vllm.sh").data["provenance"]
+    # (the sh profile's record line keeps what verify reads; the json profile has the provenance)
+    assert load_profile(tmp_path / "vllm.sh").data["verify"]["engine"] == "vllm"
+    exported = _autotune("export", "vllm-cpu", "--format", "json", "--storage", storage, cwd=tmp_path)
+    prov = json.loads(exported.stdout)["provenance"]
     assert prov["engine_version"] == vllm.__version__ and prov["sources"]["engine_version"] == "server info", prov
     assert f"# engine: vllm (version {vllm.__version__});" in script, script
     assert f"--max-num-seqs {best['params']['max_num_seqs']}" in script, script
