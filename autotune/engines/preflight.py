@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import UsageError
+from autotune.util.text import shell_path
 from autotune.outcome.failures import ENVIRONMENT_PATTERNS
 
 __all__ = ["ENGINE_MODULES", "ENVIRONMENT_PATTERNS", "HostCheck", "plan", "preflight"]
@@ -272,11 +273,11 @@ def _check_remote(host: Any, name: str, check: HostCheck, env: Mapping[str, str]
     options = getattr(host, "options", None)
     workdir = getattr(options, "workdir", "~")
     setup = str(getattr(options, "setup", "") or "")
-    lines = [f"cd {_shell_path(workdir)} || exit 90"]
+    lines = [f"cd {shell_path(workdir)} || exit 90"]
     if setup.strip():
         lines.append(f"{{ {setup}\n}} >&2 || exit 91")
     if check.model_path is not None:
-        lines.append(f'if [ -e {_shell_path(check.model_path)} ]; then echo "autotune-model yes"; '
+        lines.append(f'if [ -e {shell_path(check.model_path)} ]; then echo "autotune-model yes"; '
                      'else echo "autotune-model no"; fi')
     if check.python is not None and check.modules:
         assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
@@ -347,11 +348,3 @@ def _no_interpreter(engine: str, check: HostCheck, name: str, what: str) -> Usag
 def _model_missing(path: str, name: str) -> UsageError:
     return UsageError(f"model path {path} does not exist on {name} (fix target.model, or put the model there)")
 
-
-def _shell_path(path: str) -> str:
-    """``path`` as one shell word; a leading ``~`` is the remote user's home."""
-    if path == "~":
-        return '"$HOME"'
-    if path.startswith("~/"):
-        return '"$HOME"/' + shlex.quote(path[2:])
-    return shlex.quote(path)

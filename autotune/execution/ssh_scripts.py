@@ -13,7 +13,7 @@ import shlex
 
 from autotune.execution.hosts import TAG_ENV
 
-__all__ = ["GPU_QUERY", "LOG_DIR", "exit_code", "gpu_memory", "shell_path", "signal_script", "stream_command"]
+__all__ = ["GPU_QUERY", "LOG_DIR", "exit_code", "gpu_memory", "signal_script", "stream_command"]
 
 LOG_DIR = ".autotune"
 """The folder, under the remote working directory, of the servers' logs and exit-status files."""
@@ -28,14 +28,6 @@ def gpu_memory(stdout: str) -> list[int] | None:
     found = [int(float(v)) for v in re.findall(r"^gpu-mib ([0-9.]+)\s*$", stdout, re.M)]
     return found or None
 
-
-def shell_path(path: str) -> str:
-    """``path`` as one shell word; a leading ``~`` is the remote user's home."""
-    if path == "~":
-        return '"$HOME"'
-    if path.startswith("~/"):
-        return '"$HOME"/' + shlex.quote(path[2:])
-    return shlex.quote(path)
 
 
 def exit_code(status: int) -> int:

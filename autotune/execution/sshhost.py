@@ -49,9 +49,10 @@ from autotune.execution.hosts import MIN_FREE_BYTES, TAG_ENV, Host, HostFault, S
 from autotune.execution.ssh_channels import Forward, LogStream, reason
 from autotune.execution.ssh_host_keys import AcceptNewKey, RefuseUnknownKey, UnknownHostKey
 from autotune.execution.ssh_options import SSHOptions
-from autotune.execution.ssh_scripts import (GPU_QUERY, LOG_DIR, exit_code, gpu_memory, shell_path, signal_script,
+from autotune.execution.ssh_scripts import (GPU_QUERY, LOG_DIR, exit_code, gpu_memory, signal_script,
                                             stream_command)
 from autotune.util.polling import polling
+from autotune.util.text import shell_path
 
 __all__ = ["SSHHost"]
 

@@ -3,6 +3,8 @@ counts with their nouns."""
 
 from __future__ import annotations
 
+import shlex
+
 import unicodedata
 
 __all__ = ["counted", "one_line"]
@@ -31,3 +33,12 @@ def counted(n: int, noun: str) -> str:
     """``n`` and ``noun``, plural unless ``n`` is 1 (``1 failure``, ``2 failures``; nouns with a
     regular plural)."""
     return f"{n} {noun if n == 1 else noun + 's'}"
+
+
+def shell_path(path: str) -> str:
+    """``path`` as one shell word; a leading ``~`` is the (remote) user's home."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)

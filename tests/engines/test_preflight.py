@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -100,10 +99,8 @@ def test_an_interpreter_without_the_engine_stops_the_study_in_one_line(tmp_path:
         "{python} -m sglang.launch_server --model-path {model} --host {host} --port {port}"
     cfg = _write(tmp_path, f"pf-{engine}", {"engine": engine, "model": _model(tmp_path),
                                              "command": template.replace("{python}", bare_python)})
-    t0 = time.monotonic()
     line = _one_line(_run(["study", "start", str(cfg)], tmp_path),
                      f"engine {engine} cannot start", f"No module named '{module}'", bare_python, "on local")
-    assert time.monotonic() - t0 < 60
     if engine == "transformers":  # the serve extra's modules, named together
         assert "'fastapi'" in line and "'torch'" in line
     _no_trial(tmp_path, f"pf-{engine}")
@@ -198,13 +195,10 @@ def test_on_an_ssh_host_a_missing_interpreter_or_model_is_named(sshd: Sshd, tmp_
 
 
 # -- (c) the simulated engine: nothing to check, nothing spent -----------------------------------------
-def test_the_preflight_passes_for_the_simulated_engine_at_no_cost(tmp_path: Path) -> None:
+def test_the_preflight_passes_for_the_simulated_engine(tmp_path: Path) -> None:
     cfg = StudyConfig.from_mapping({"name": "sim", "target": {"engine": "sim", "scenario": "rtx6000-pcie-glm5"}})
     hosts = make_hosts(cfg.target)
-    t0 = time.perf_counter()
-    for _ in range(100):
-        preflight(cfg, hosts)
-    assert (time.perf_counter() - t0) / 100 < 0.005
+    assert preflight(cfg, hosts) == []  # autotune's own server in this very Python: nothing to probe
     # and a sim study runs through it
     space = {"name": "s", "parameters": {"mfs": {"type": "float", "low": 0.5, "high": 0.95, "step": 0.01,
                                                  "flag": "--mem-fraction-static", "default": 0.85}}}
@@ -215,17 +209,6 @@ def test_the_preflight_passes_for_the_simulated_engine_at_no_cost(tmp_path: Path
         "budget": {"trials": 1}, "storage": f"sqlite:///{tmp_path}/studies.db"}))
     proc = _run(["study", "start", str(tmp_path / "study.yaml")], tmp_path, timeout=240)
     assert proc.returncode == 0, proc.stderr
-
-
-def test_a_vllm_check_costs_one_interpreter_start(tmp_path: Path) -> None:
-    cfg = StudyConfig.from_mapping({"name": "v", "target": {"engine": "vllm", "model": "org/m"}})
-    hosts = make_hosts(cfg.target)
-    t0 = time.perf_counter()
-    try:
-        preflight(cfg, hosts)
-    except Exception:  # noqa: BLE001 - this interpreter may lack vllm: the time is what is measured
-        pass
-    assert time.perf_counter() - t0 < 10
 
 
 # -- (d) the patterns match the real texts ----------------------------------------------------------
