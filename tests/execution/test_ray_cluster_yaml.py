@@ -132,7 +132,10 @@ def test_setup_installs_autotune_next_to_this_ray(config: dict[str, Any]) -> Non
     installs = [c for c in config["setup_commands"] if re.search(r"\bpip install\b", c)]
     assert any("autotune" in c for c in installs), installs
     # The launcher's machine and the cluster run one Ray version (validate_config's error names a mismatch).
-    assert any(f'"ray[default]=={ray.__version__}"' in c for c in installs), installs
+    assert any(f'"ray=={ray.__version__}"' in c for c in installs), installs
+    # The wheel comes from the checkout's dist/, which the file mounts copy to every node.
+    assert config["file_mounts"]["~/autotune-dist"] == "./dist"
+    assert all("~/autotune-dist/autotune-*.whl" in c for c in installs if "autotune" in c), installs
 
 
 def test_auth_settings(config: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -147,6 +150,9 @@ def test_auth_settings(config: dict[str, Any], tmp_path: Path, monkeypatch: pyte
     # The documented first step writes the mount's source, and the launcher can read it (`ray up`
     # hashes every file mount's source before it starts anything).
     env = {**os.environ, "HOME": str(tmp_path)}
+    (tmp_path / "dist").mkdir()  # what `pip wheel -w dist .` makes, where `ray up` runs
+    (tmp_path / "dist" / "autotune-0.1.0-py3-none-any.whl").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
     for k in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
         env.pop(k, None)
     done = subprocess.run([str(RAY), "get-auth-token", "--generate"], check=False, env=env,
@@ -172,15 +178,29 @@ def test_worker_start_commands_as_ray_runs_them(worker_calls: list[dict[str, Any
     assert all(type(v) is int and v > 0 for v in slots.values())
 
 
+def head_calls(commands: list[str], home: Path) -> list[dict[str, Any]]:
+    return run_like_ray(commands, {"RAY_enable_autoscaler_v2": "1", "RAY_CLOUD_INSTANCE_ID": HEAD_IP,
+                                   "RAY_NODE_TYPE_NAME": "local.cluster.node"}, home)
+
+
 def test_head_advertises_no_slot_and_uses_the_token(config: dict[str, Any], tmp_path: Path) -> None:
-    calls = run_like_ray(config["head_start_ray_commands"],
-                         {"RAY_enable_autoscaler_v2": "1", "RAY_CLOUD_INSTANCE_ID": HEAD_IP,
-                          "RAY_NODE_TYPE_NAME": "local.cluster.node"}, tmp_path)
+    calls = head_calls(config["head_start_ray_commands"], tmp_path)
     assert [c["argv"][0] for c in calls] == ["stop", "start"]
     start = calls[1]
     assert "--head" in start["argv"] and "--port=6379" in start["argv"]
     assert start["auth_mode"] == "token" and start["worker_niceness"] == "0"
-    assert not any(k.startswith(SLOT_PREFIX) for k in resources_of(start["argv"]))
+    # 0 units: Ray leaves the resource out, so the head offers no slot.
+    assert resources_of(start["argv"]) == {f"{SLOT_PREFIX}{NODE}": 0}
+
+
+def test_one_edit_makes_the_head_run_trials(config: dict[str, Any], tmp_path: Path) -> None:
+    # The documented option: the head's 0 becomes the trials it runs at once (tests/execution/test_ray_up.py
+    # runs a study on such a head).
+    (line,) = [c for c in config["head_start_ray_commands"] if "--head" in c]
+    edited = line.replace('\\": 0}', '\\": 2}')
+    assert edited != line
+    start = head_calls([edited], tmp_path)[0]
+    assert resources_of(start["argv"]) == {f"{SLOT_PREFIX}{NODE}": 2}
 
 
 # --- a real Ray node with the worker's resources argument --------------------------------------
