@@ -17,7 +17,9 @@ Sanity reference, the ideal speedup: the summed trial durations of the serial ru
 busiest slot's summed durations in the Ray run (what the speedup would be with no driver, no
 start-up and no idle slot). ``ray sum/busiest`` is the same bound from the Ray run's own trials.
 
-Goal (exit 1 if missed, both reported): median speedup >= 2.4 and median best ratio >= 1.0.
+Goal (exit 1 if missed, both reported): median speedup >= 2.4 and median best ratio >= 1.0. The
+load average (1 minute) at each run's start is printed beside the speedups: the machine's other
+work slows the two runs unequally.
 
 Usage: ``python bench/ray_speedup.py [--seeds 5] [--trials 12] [--slots 3] [--json PATH]
 [--out-dir DIR]``
@@ -165,15 +167,20 @@ def fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
+def load1(row: dict[str, Any], kind: str) -> str:
+    """The 1-minute load average when the ``kind`` run of a seed started."""
+    return row["runs"][kind]["load_before"].split()[0]
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     head = (f"{'seed':>4} {'serial s':>8} {'ray s':>6} {'speedup':>7} {'ideal':>5} "
-            f"{'best serial':>11} {'best ray':>8} {'ratio':>5} {'peak':>4} slots")
+            f"{'best serial':>11} {'best ray':>8} {'ratio':>5} {'peak':>4} {'load s/r':>9} slots")
     lines = [head]
     for r in rows:
         lines.append(f"{r['seed']:>4} {r['wall_serial_s']:>8.1f} {r['wall_ray_s']:>6.1f} "
                      f"{r['speedup']:>7.2f} {r['ideal_speedup']:>5.2f} {fmt(r['best_serial'], '11.1f')} "
                      f"{fmt(r['best_ray'], '8.1f')} {fmt(r['best_ratio'], '5.3f')} "
-                     f"{r['peak_concurrency']:>4} {','.join(r['slots'])}")
+                     f"{r['peak_concurrency']:>4} {load1(r, 'serial'):>4}/{load1(r, 'ray'):<4} {','.join(r['slots'])}")
     return "\n".join(lines)
 
 
@@ -209,6 +216,7 @@ def main() -> int:
     def med(kind: str, key: str) -> float:
         return statistics.median(r["runs"][kind][key] for r in rows)
     ok_speedup = med_speedup >= SPEEDUP_GOAL
+    starts = sorted(float(load1(r, k)) for r in rows for k in ("serial", "ray"))
     ok_ratio = med_ratio is not None and med_ratio >= RATIO_GOAL
     doc = {
         "trials": args.trials, "slots": slots, "seeds": args.seeds, "address": cluster.address,
@@ -216,7 +224,7 @@ def main() -> int:
         "uptime_after": uptime_after, "rows": rows,
         "median_speedup": med_speedup, "median_best_ratio": med_ratio,
         "median_ideal_speedup": med_ideal, "median_ray_overhead_s": med_ray_over,
-        "median_serial_overhead_s": med_serial_over,
+        "median_serial_overhead_s": med_serial_over, "load_at_starts": [starts[0], starts[-1]],
         "goal": {"speedup": SPEEDUP_GOAL, "best_ratio": RATIO_GOAL,
                  "speedup_met": ok_speedup, "best_ratio_met": ok_ratio},
     }
@@ -224,7 +232,9 @@ def main() -> int:
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
     print(table(rows))
     print(f"median speedup {med_speedup:.2f}x (goal >= {SPEEDUP_GOAL}): "
-          f"{'met' if ok_speedup else 'MISSED'}; ideal from trial durations {med_ideal:.2f}x")
+          f"{'met' if ok_speedup else 'MISSED'}; ideal from trial durations {med_ideal:.2f}x; "
+          f"load (1 min) {starts[0]:.2f}-{starts[-1]:.2f} at the runs' starts, {loadavg()} now "
+          f"({os.cpu_count()} CPUs)")
     print(f"median best ratio ray/serial {fmt(med_ratio, '.3f')} (goal >= {RATIO_GOAL}): "
           f"{'met' if ok_ratio else 'MISSED'}")
     print(f"median overhead beyond trials: serial {med_serial_over:.1f} s, "

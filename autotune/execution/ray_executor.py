@@ -8,8 +8,11 @@ and a task on any node reaches its host over SSH. A task never retries by itself
 
 Only the driver talks to the Optuna storage. A task sends its phases (``launched`` with the
 server's tag, ``measuring`` ...) through a small actor on the driver's node, the
-:class:`TrialChannel`; :meth:`RayExecutor.wait` relays them to the driver's callbacks in the
-driver's thread. The same actor carries a stop request to the tasks. A task returns its
+:class:`TrialChannel`, a change of phase at once and progress batched; :meth:`RayExecutor.wait`
+relays them to the driver's callbacks in the driver's thread, and returns as soon as a task ends.
+The same actor carries a stop request to the tasks. When it connects, the executor runs a no-op
+task per slot, so each node starts its worker and imports autotune while the driver opens the
+study; later trials reuse the worker. A task returns its
 :class:`~autotune.execution.trial.TrialResult` and its log files, which the executor writes under the
 driver's log folder, so the logs end up with the study whichever node ran the trial.
 
@@ -58,7 +61,10 @@ from autotune.execution.stopping import StopRequest
 
 LOG_LIMIT = 8 * 1024 * 1024
 """At most this much of each log file comes back from a task (its end)."""
-STOP_POLL_S = 0.5
+FLUSH_S = 0.5
+"""A task sends its phases and reads the stop request this often; a change of phase goes at once."""
+RELAY_S = 0.5
+"""The driver reads the tasks' phases this often while it waits; a finished task wakes it at once."""
 RESOURCE_CHECK_S = 2.0
 
 
@@ -70,8 +76,10 @@ class TrialChannel:
         self.events: list[tuple[int, str, str]] = []
         self.stop: tuple[str, bool] = ("", False)
 
-    def put(self, number: int, phase: str, detail: str) -> None:
-        self.events.append((number, phase, detail))
+    def exchange(self, events: list[tuple[int, str, str]]) -> tuple[str, bool]:
+        """A task's phases in, the stop request out: one round trip per flush."""
+        self.events.extend(events)
+        return self.stop
 
     def drain(self) -> list[tuple[int, str, str]]:
         events, self.events = self.events, []
@@ -80,18 +88,68 @@ class TrialChannel:
     def request_stop(self, reason: str, hurry: bool) -> None:
         self.stop = (reason, hurry)
 
-    def stop_state(self) -> tuple[str, bool]:
-        return self.stop
 
+class _Outbox:
+    """A task's side of the :class:`TrialChannel`: its phases, sent in batches by one thread that
+    also mirrors the driver's stop request into ``stop``.
 
-def _follow_stop(channel: Any, stop: StopRequest, done: threading.Event) -> None:
-    """Mirror the driver's stop request into the task's ``stop`` until ``done``."""
-    while not done.wait(STOP_POLL_S):
+    A change of phase is sent at once; repeats of the phase being reported (progress while
+    measuring) wait for the next flush, every ``FLUSH_S``, and only the latest of them is sent.
+    :meth:`close` sends what is left and returns once the channel has it, so the driver reads
+    every phase (the server's tag with ``launched``) before it sees the task's result.
+    """
+
+    def __init__(self, channel: Any, number: int, stop: StopRequest) -> None:
+        self.channel, self.number, self.stop = channel, number, stop
+        self._lock = threading.Lock()
+        self._pending: list[tuple[int, str, str]] = []
+        self._phase = ""
+        self._wake = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+        self._thread.start()
+
+    def put(self, phase: str, detail: str) -> None:
+        with self._lock:
+            changed = phase != self._phase
+            self._phase = phase
+            if not changed and self._pending and self._pending[-1][1] == phase:
+                self._pending[-1] = (self.number, phase, detail)
+            else:
+                self._pending.append((self.number, phase, detail))
+        if changed:
+            self._wake.set()
+
+    def close(self) -> None:
+        self._done.set()
+        self._wake.set()
+        self._thread.join(timeout=15)
+        if self._pending:
+            self._flush()
+
+    def _flush(self) -> None:
+        with self._lock:
+            events, self._pending = self._pending, []
         try:
-            reason, hurry = ray.get(channel.stop_state.remote(), timeout=10)
-        except Exception:  # noqa: BLE001 - the driver is gone: Ray ends this task anyway
-            continue
-        stop.mirror(reason, hurry)
+            reason, hurry = ray.get(self.channel.exchange.remote(events), timeout=10)
+        except Exception:  # noqa: BLE001 - the driver is gone (Ray ends this task), or slow: sent again next time
+            with self._lock:
+                self._pending[:0] = events
+            return
+        self.stop.mirror(reason, hurry)
+
+    def _follow(self) -> None:
+        while not self._done.is_set():
+            self._wake.wait(FLUSH_S)
+            self._wake.clear()
+            self._flush()
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def _warm_up() -> int:
+    """Nothing: running it starts a worker on its node and imports this module (all that a trial's
+    task needs) while the driver opens its study, so that the first trial does not wait for that."""
+    return os.getpid()
 
 
 def _read_logs(log_dir: Path, number: int) -> dict[str, bytes]:
@@ -124,21 +182,20 @@ def _normal_priority() -> None:
 def run_trial(cfg: StudyConfig, objective: Objective, public: tuple[str, ...], slot: Slot, spec: TrialSpec,
               channel: Any, child_umask: int | None) -> tuple[TrialResult, dict[str, bytes]]:
     """The body of a trial's Ray task, on its slot's node: run it, return the result and logs."""
-    channel.put.remote(spec.number, "started", json.dumps({"node": ray.get_runtime_context().get_node_id(),
-                                                           "ip": ray.util.get_node_ip_address()}))
-    _normal_priority()
     stop = StopRequest()
-    done = threading.Event()
-    threading.Thread(target=_follow_stop, args=(channel, stop, done), daemon=True).start()
+    outbox = _Outbox(channel, spec.number, stop)
+    outbox.put("started", json.dumps({"node": ray.get_runtime_context().get_node_id(),
+                                      "ip": ray.util.get_node_ip_address()}))
+    _normal_priority()
     log_dir = Path(tempfile.mkdtemp(prefix=f"autotune-{cfg.name}-"))
     host = host_for(cfg.target, slot.host, child_umask=child_umask)
     try:
         runner = make_runner(cfg, objective, host, slot, stop=stop, log_dir=log_dir, public=public,
                              child_umask=child_umask)
-        result = runner.run(spec, lambda phase, detail: channel.put.remote(spec.number, phase, detail))
+        result = runner.run(spec, outbox.put)
         return result, _read_logs(log_dir, spec.number)
     finally:
-        done.set()
+        outbox.close()
         host.close()
         shutil.rmtree(log_dir, ignore_errors=True)
 
@@ -227,6 +284,8 @@ class RayExecutor:
         here = ray.get_runtime_context().get_node_id()
         self.channel = TrialChannel.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False)).remote()
+        self._warm = [_warm_up.options(num_cpus=0, max_retries=0, resources={s.resource: 1}).remote()
+                      for s in self._slots if s.resource]
         self._running: dict[Any, _Running] = {}
         self._stop_sent: tuple[str, bool] = ("", False)
         self._resources_checked = 0.0
@@ -256,8 +315,9 @@ class RayExecutor:
             if not self._running:
                 return []
             refs = list(self._running)
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, min(0.2, deadline - time.monotonic())))
+            ready, _ = ray.wait(refs, num_returns=1, timeout=max(0.0, min(RELAY_S, deadline - time.monotonic())))
             if ready:
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)  # every one done by now
                 self._relay()  # the phases a task sent before it returned (its server's tag)
             finished = [self._collect(ref) for ref in ready] + self._overdue()
             if finished or time.monotonic() >= deadline:
@@ -269,8 +329,11 @@ class RayExecutor:
             self.channel.request_stop.remote(reason, hurry)
 
     def close(self) -> None:
-        for ref in list(self._running):
-            ray.cancel(ref, force=True)
+        for ref in [*self._running, *self._warm]:
+            try:
+                ray.cancel(ref, force=True)
+            except Exception:  # noqa: BLE001 - done already, or its node is gone
+                pass
         self._running.clear()
         try:
             ray.kill(self.channel)
