@@ -55,7 +55,12 @@ def tuner(
     trials: int = typer.Option(60, "--trials", help="Trials per study (the baseline included)."),
     seeds: int = typer.Option(20, "--seeds", help="Studies per strategy and scenario (seeds 0 .. K-1)."),
     strategies: Optional[str] = typer.Option(None, "--strategies", metavar="LIST",
-                                             help="Comma-separated: autotune, tpe, random, grid, tpe-naive (default: all)."),
+                                             help="Comma-separated: autotune, autotune-warm, tpe, random, grid, tpe-naive "
+                                                  "(default: all; autotune-warm with --warm-from only)."),
+    warm_from: Optional[str] = typer.Option(None, "--warm-from", metavar="S",
+                                            help="autotune-warm's source: a scenario whose autotune study (same seed "
+                                                 "and budget) each warm-started study starts from."),
+    force: bool = typer.Option(False, "--force", help="autotune-warm: force the warm start (a source on another host)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", help="Worker processes (default: the CPU count)."),
     noise: Optional[float] = typer.Option(None, "--noise", help="Relative sd of measured throughput (default: the scenario's)."),
     scratch: Optional[Path] = typer.Option(None, "--scratch", help="Folder for the studies' SQLite files (default: /dev/shm, else the temp folder)."),
@@ -79,7 +84,9 @@ def tuner(
         raise UsageError(f"--generated: {exc}") from None
     opts = BenchOptions(
         scenarios=_names(scenario) or (() if family else tuple(list_scenarios())), generated=family,
-        strategies=_names([strategies]) if strategies is not None else STRATEGIES,
+        strategies=(_names([strategies]) if strategies is not None
+                    else tuple(s for s in STRATEGIES if warm_from or s != "autotune-warm")),
+        warm_from=warm_from, force=force,
         space=space, objective=objective, trials=trials, seeds=seeds,
         jobs=jobs if jobs is not None else (os.cpu_count() or 1),
         noise=noise, scratch=str(scratch) if scratch is not None else None, early_stop=not no_early_stop,

@@ -11,7 +11,7 @@ Per study (a :class:`~autotune.bench.study_trace.StudyTrace`):
   that score is >= p; a study that never gets there within its budget counts as not reached
   (infinite);
 - *infeasible share*: infeasible trials over all trials, and over the trials after the
-  :data:`AFTER`-th;
+  :data:`AFTER`-th and the :data:`WARM_AFTER`-th;
 - *stopped share* and *GPU-hours saved*: trials whose load stopped early
   (:mod:`autotune.execution.early_stop`; a stopped trial costs its simulated time until it
   stopped) over all trials, and the GPU-hours their whole loads would have cost more
@@ -35,6 +35,8 @@ TARGETS = (0.90, 0.95, 0.98)
 """Fractions of the optimum whose trials and GPU-hours are reported."""
 AFTER = 10
 """The infeasible share is also reported over the trials after this many."""
+WARM_AFTER = 5
+"""... and after this many (a warm start's goal)."""
 
 
 def quartiles(values: Sequence[float]) -> dict[str, float | None]:
@@ -92,8 +94,9 @@ def summarize(traces: Sequence[StudyTrace], trials: int, gpus: int | Mapping[str
     out["trials_to"] = to_trials
     out["gpu_hours_to"] = to_hours
     out["infeasible_share"] = quartiles([sum(t.infeasible) / len(t.infeasible) for t in traces])
-    after = [t.infeasible[AFTER:] for t in traces if len(t.infeasible) > AFTER]
-    out[f"infeasible_share_after_{AFTER}"] = quartiles([sum(a) / len(a) for a in after])
+    for n in (AFTER, WARM_AFTER):
+        after = [t.infeasible[n:] for t in traces if len(t.infeasible) > n]
+        out[f"infeasible_share_after_{n}"] = quartiles([sum(a) / len(a) for a in after])
     within = min(40, trials)
     out["never_90"] = {"within": within, "runs": sum(_first(t.ratio[:within], 0.90) is None for t in traces)}
     out["gpu_hours_total"] = quartiles([sum(t.seconds) * g(t) / 3600 for t in traces])

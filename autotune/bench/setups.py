@@ -52,16 +52,16 @@ class Setup:
         return _scenario(self.scenario_name, self.noise)
 
     def config(self, *, name: str, storage: str, sampler: str, seed: int | None, trials: int,
-               confirm: bool = True) -> StudyConfig:
+               confirm: bool = True, warm_start: list[dict[str, Any]] | None = None) -> StudyConfig:
         """The study config of one study (``confirm``: the budget's end confirms the best, as
-        ``study start`` does by default)."""
+        ``study start`` does by default; ``warm_start``: the config's key)."""
         budget: dict[str, Any] = {"trials": trials}
         if not confirm:
             budget["confirm"] = {"candidates": 0}
         return StudyConfig.from_mapping({
             "name": name, "target": {"engine": "sim", "scenario": self.scenario_name, "env": dict(BENCH_ENV)},
             "space": self.space_name, "objective": self.objective_name, "storage": storage, "sampler": sampler,
-            "seed": seed, "budget": budget,
+            "seed": seed, "budget": budget, "warm_start": list(warm_start or []),
         }, "bench tuner")
 
     def executor(self, seed: int | None, *, ready_timeout_s: float | None = None) -> ModelExecutor:

@@ -10,6 +10,9 @@ driver's loop, its baseline (enqueued first), its records and its budget are the
   driver's own study features: proposals an earlier failure implies skipped
   (:mod:`autotune.search.implied`) and the best confirmed at the budget's end
   (:mod:`autotune.study.confirmation`); infeasible trials told with a failure constraint.
+- ``autotune-warm``: ``autotune`` warm-started (:mod:`autotune.study.warm_start`) from an
+  ``autotune`` study of the same seed and budget on another scenario (``bench tuner --warm-from``),
+  run first in the same storage; only the warm-started study is scored.
 - ``tpe``: the same multivariate TPE alone (:func:`~autotune.search.samplers.tpe_sampler`), crashes
   told as ``autotune`` tells them, no probes, regions, skips or confirmation.
 - ``random``: the config's ``sampler: random``.
@@ -41,7 +44,7 @@ from autotune.errors import UsageError
 from autotune.store.record import Outcome, outcome_of, trials_without
 from autotune.config.space import ParamValue, SearchSpace
 
-STRATEGIES = ("autotune", "tpe", "random", "grid", "tpe-naive")
+STRATEGIES = ("autotune", "autotune-warm", "tpe", "random", "grid", "tpe-naive")
 """The built-in strategies, in the order reports show them."""
 
 GRID: dict[str, tuple[ParamValue, ...]] = {
@@ -74,7 +77,7 @@ def strategy(name: str, space: SearchSpace) -> Strategy:
     Raises:
         UsageError: an unknown name, or ``grid`` on a space without :data:`GRID`'s parameters.
     """
-    if name == "autotune":
+    if name in ("autotune", "autotune-warm"):
         return Strategy(name, "tpe", None, study_features=True)
     if name == "random":
         return Strategy(name, "random", None)

@@ -45,6 +45,11 @@ class StudyTask:
     trials: int
     optimum: float
     scratch: str | None = None
+    warm_from: Setup | None = None
+    """``autotune-warm``: the set-up whose ``autotune`` study (same seed and budget) is run first
+    and warm-started from."""
+    force: bool = False
+    """Whether the warm start is forced (a source on another host)."""
 
 
 @dataclass
@@ -121,9 +126,18 @@ def run_study(task: StudyTask) -> StudyTrace:
     strat = strategy(task.strategy, setup.space)
     folder = scratch_dir(task.scratch)
     try:
-        cfg = setup.config(name=f"bench-{task.strategy}-{task.seed}", storage=f"sqlite:///{folder}/study.db",
+        storage = f"sqlite:///{folder}/study.db"
+        warm = []
+        if task.warm_from is not None:
+            source = task.warm_from
+            src = source.config(name=f"source-{task.seed}", storage=storage, sampler="tpe", seed=task.seed,
+                                trials=task.trials)
+            src_ex = ModelExecutor.for_target(src, source.objective, seed=task.seed, scenario=source.scenario)
+            build.driver(build.Plan(src, source.space, source.objective), src_ex, trials=task.trials).run()
+            warm = [{"study": src.name, "force": task.force}]
+        cfg = setup.config(name=f"bench-{task.strategy}-{task.seed}", storage=storage,
                            sampler=strat.config_sampler, seed=task.seed, trials=task.trials,
-                           confirm=strat.study_features)
+                           confirm=strat.study_features, warm_start=warm)
         ex = ModelExecutor.for_target(cfg, setup.objective, seed=task.seed, scenario=setup.scenario)
         clock = _Clock(ex)
         run = build.driver(build.Plan(cfg, setup.space, setup.objective), ex, reporter=clock, trials=task.trials,

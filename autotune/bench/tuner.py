@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from autotune.bench.family import family_files, halves, summarize_family
 from autotune.bench.optimum import OPTIMUM_RANDOM, Optimum, find_optimum, ratio
-from autotune.bench.scores import AFTER, summarize
+from autotune.bench.scores import AFTER, WARM_AFTER, summarize
 from autotune.bench.setups import Setup, evaluator
 from autotune.bench.strategies import STRATEGIES, strategy
 from autotune.bench.study_trace import StudyTask, StudyTrace, default_scratch, run_study
@@ -59,6 +59,10 @@ class BenchOptions:
     """False: the objective's ``early_stop`` off, every trial's load runs to its end."""
     generated: tuple[int, ...] = ()
     """Seeds of generated hosts (:mod:`autotune.sim.family`) run beside ``scenarios``."""
+    warm_from: str | None = None
+    """``autotune-warm``'s source scenario (:class:`~autotune.bench.study_trace.StudyTask`)."""
+    force: bool = False
+    """Whether ``autotune-warm`` forces its warm start (a source on another host)."""
 
 
 def check_options(opts: BenchOptions) -> list[Setup]:
@@ -88,6 +92,10 @@ def check_options(opts: BenchOptions) -> list[Setup]:
     for name in opts.strategies:
         if name not in STRATEGIES:
             raise UsageError(f"unknown strategy '{name}' (strategies: {', '.join(STRATEGIES)})")
+    if ("autotune-warm" in opts.strategies) != (opts.warm_from is not None):
+        raise UsageError("strategy autotune-warm and --warm-from go together")
+    if opts.warm_from is not None and opts.warm_from not in list_scenarios() and not Path(opts.warm_from).is_file():
+        raise UsageError(f"--warm-from: unknown scenario '{opts.warm_from}' (built-in: {', '.join(list_scenarios())})")
     setups = []
     for name in (*opts.scenarios, *family_files(opts.generated)):
         if name not in list_scenarios() and not Path(name).is_file():
@@ -120,8 +128,10 @@ def run_bench(opts: BenchOptions, *, progress: Callable[[int, int, str], None] |
         for setup in setups:
             for seed in range(opts.seeds):
                 for name in opts.strategies:
+                    source = (Setup(opts.warm_from, opts.space, opts.objective, opts.noise, opts.early_stop)
+                              if name == "autotune-warm" and opts.warm_from else None)
                     tasks.append(StudyTask(setup, name, seed, opts.trials, optima[setup.scenario_name].value,
-                                           opts.scratch))
+                                           opts.scratch, warm_from=source, force=opts.force))
         traces: list[StudyTrace] = []
         note(0, len(tasks), "studies")
         for trace in _map(pool, run_study, tasks):
@@ -240,6 +250,8 @@ def goals(per: dict[str, Any], opts: BenchOptions) -> dict[str, Any]:
         "detail": "no feasible best" if err["median"] is None else
         f"median error {err['median']:.1%}, {err['within_2pct']} of {err['of']} runs within 2% "
         f"(median {_num(mine['reported_best_measurements']['median'])} measurements)"}
+    if "autotune-warm" in per:
+        out.update(warm_goals(mine, per["autotune-warm"], forced=opts.force))
     own = mine["driver_ms_per_trial_last_tenth"]["median"]
     real = mine["trial_s"]["median"]
     if opts.trials < 200 or own is None or real is None:
@@ -248,6 +260,29 @@ def goals(per: dict[str, Any], opts: BenchOptions) -> dict[str, Any]:
         out["tuner_time_at_200"] = {"met": own / 1000 < 0.01 * real,
                                     "detail": f"{own:.0f} ms per trial over the last tenth vs 1% of a median "
                                               f"trial's {real:.0f} s"}
+    return out
+
+
+def warm_goals(cold: dict[str, Any], warm: dict[str, Any], *, forced: bool) -> dict[str, Any]:
+    """The warm start's goals: trials and GPU-hours to 95% and the infeasible share after the
+    :data:`~autotune.bench.scores.WARM_AFTER`-th trial at most half a cold start's (a source on
+    the same host), or no worse (``forced``: a source on another host)."""
+    factor, goal = (1.0, "no worse") if forced else (0.5, "at most half")
+    out: dict[str, Any] = {}
+    for key, label in (("trials_to", "trials"), ("gpu_hours_to", "GPU-hours")):
+        a, b = warm[key]["95"]["median"], cold[key]["95"]["median"]
+        if a is None or b is None:
+            out[f"warm_{key}_95"] = {"met": False if a is None and b is not None else None,
+                                     "detail": f"{label} to 95%: warm {_num(a)}, cold {_num(b)} ('-': not reached)"}
+        else:
+            out[f"warm_{key}_95"] = {"met": a <= b * factor,
+                                     "detail": f"{label} to 95%: warm {_num(a)} vs cold {_num(b)} (goal: {goal})"}
+    key = f"infeasible_share_after_{WARM_AFTER}"
+    a, b = warm[key]["median"], cold[key]["median"]
+    out[f"warm_infeasible_after_{WARM_AFTER}"] = {
+        "met": None if a is None or b is None else a <= b * factor,
+        "detail": "no trial after the 5th" if a is None or b is None else
+        f"median {a:.1%} warm vs {b:.1%} cold (goal: {goal})"}
     return out
 
 

@@ -162,7 +162,8 @@ def study_show(name: str = NameArg, storage: str = StorageOpt, as_json: bool = t
                excerpts: bool = typer.Option(True, "--excerpts/--no-excerpts", help="Print failure log excerpts.")) -> None:
     """Every trial of a study: outcome, value, failure kind and log excerpt."""
     from autotune.study.progress import summary_table
-    from autotune.store.study_view import is_multi_objective, load_study, objectives, pick, proposal_text, show_json, trial_views
+    from autotune.store.study_view import (WARM_START_ATTR, is_multi_objective, load_study, objectives, pick,
+                                           proposal_text, show_json, trial_views)
 
     study = load_study(name, storage)
     if as_json:
@@ -176,7 +177,11 @@ def study_show(name: str = NameArg, storage: str = StorageOpt, as_json: bool = t
                                  chosen=chosen.number if chosen else None))
     else:
         _out.print(summary_table(views, metric, study.direction.name == "MAXIMIZE"))
-    raised = [(v.number, proposal_text(v.proposed)) for v in views if (v.proposed or {}).get("by") == "raise"]
+    warm = study.user_attrs.get(WARM_START_ATTR)
+    for line in (warm.get("lines") or []) if isinstance(warm, dict) else []:
+        _out.print(line, markup=False, highlight=False)
+    raised = [(v.number, proposal_text(v.proposed)) for v in views
+              if (v.proposed or {}).get("by") in ("raise", "warm-start")]
     for number, why in raised:
         _out.print(f"trial {number}: {why}", markup=False, highlight=False)
     if excerpts:

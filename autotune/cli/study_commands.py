@@ -43,6 +43,12 @@ def study_start(
     seed: Optional[int] = typer.Option(None, "--seed", metavar="N", help="Sampler seed."),
     baseline_from: Optional[str] = typer.Option(None, "--baseline-from", metavar="STUDY[@STORAGE]",
                                                 help="Use the best trial of another study as the baseline."),
+    warm_start_from: Optional[list[str]] = typer.Option(
+        None, "--warm-start-from", metavar="STUDY[@STORAGE]",
+        help="Start from what another study found on this host (repeatable): its failures as facts, its best "
+             "configuration measured after the baseline."),
+    force: bool = typer.Option(False, "--force", help="With --warm-start-from: carry a study of another host or "
+                               "engine over anyway (the difference is stated)."),
     detach: bool = typer.Option(False, "--detach", help="Run it in the background (a local daemon) and return."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check the config and the hosts, print the baseline's "
                                  "command line and env, and stop: nothing launched or recorded."),
@@ -56,6 +62,7 @@ def study_start(
       autotune study start Llama-3.1-8B-Instruct.yaml --dry-run   # the first launch, not run
       autotune study start Llama-3.1-8B-Instruct.yaml --trials 10
       autotune study start study.yaml --detach      # in the background: study status / stop
+      autotune study start kimi.yaml --warm-start-from glm5   # glm5 ran on this host before
     """
     from autotune.config.demo import DEMO_CONFIG
 
@@ -72,11 +79,11 @@ def study_start(
     if trials is not None:  # stored with the config: a resume keeps it (unless given its own --trials)
         overrides["budget"] = {**cfg.budget.model_dump(), "trials": trials}
     if baseline_from is not None:
-        # STUDY@STORAGE splits at the '@' that starts a URL: a study name may hold '@' itself.
-        m = re.fullmatch(r"([^@].*?)(?:@([A-Za-z][\w+.-]*://.*))?", baseline_from)
-        if m is None:
-            raise UsageError(f"--baseline-from '{baseline_from}': expected STUDY or STUDY@STORAGE")
-        overrides["baseline_from"] = {"study": m.group(1), "storage": m.group(2)}
+        overrides["baseline_from"] = _study_ref("--baseline-from", baseline_from)
+    if force and not warm_start_from:
+        raise UsageError("--force is for --warm-start-from")
+    if warm_start_from:
+        overrides["warm_start"] = [{**_study_ref("--warm-start-from", ref), "force": force} for ref in warm_start_from]
     if executor is not None:
         overrides["executor"] = executor
     if address is not None:
@@ -93,6 +100,15 @@ def study_start(
         _start_detached(cfg, _options(ctx))
         return
     _run_study(cfg, trials)
+
+
+def _study_ref(option: str, text: str) -> dict[str, str | None]:
+    """``STUDY`` or ``STUDY@STORAGE`` as a config's study reference; it splits at the '@' that
+    starts a URL, since a study name may hold '@' itself."""
+    m = re.fullmatch(r"([^@].*?)(?:@([A-Za-z][\w+.-]*://.*))?", text)
+    if m is None:
+        raise UsageError(f"{option} '{text}': expected STUDY or STUDY@STORAGE")
+    return {"study": m.group(1), "storage": m.group(2)}
 
 
 def _dry_run(cfg: StudyConfig, trials: int | None) -> None:

@@ -274,6 +274,13 @@ class BaselineFrom(BaseModel):
     storage: str | None = None
 
 
+class WarmStartFrom(BaselineFrom):
+    """Start the search from what another study found (:mod:`autotune.study.warm_start`);
+    ``force``: carry it over even where its host, engine or model differs (the difference stated)."""
+
+    force: bool = False
+
+
 class StudyConfig(BaseModel):
     """A whole study: target, space, objective, baseline, budget and storage."""
 
@@ -286,6 +293,7 @@ class StudyConfig(BaseModel):
     objective_overrides: dict[str, Any] = Field(default_factory=dict)
     baseline: dict[str, Any] = Field(default_factory=dict)
     baseline_from: BaselineFrom | None = None
+    warm_start: list[WarmStartFrom] = Field(default_factory=list, max_length=20)
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
     storage: str = DEFAULT_STORAGE
     sampler: Literal["tpe", "gp", "random"] = "tpe"

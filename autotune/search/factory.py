@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping
 import optuna
 
 from autotune.config.space import SearchSpace
+from autotune.search.prior import Prior
 from autotune.search.samplers import CrashAwareTPESampler
 
 SamplerFactory = Callable[[int | None], optuna.samplers.BaseSampler]
@@ -33,7 +34,7 @@ def derived_seed(seed: int | None, trials_so_far: int) -> int | None:
 def make_sampler(kind: str, seed: int | None, *, slots: int = 1,
                  launched_as: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
                  monotone: Mapping[str, Mapping[str, str]] | None = None,
-                 raise_when: Mapping[str, str] | None = None) -> optuna.samplers.BaseSampler:
+                 raise_when: Mapping[str, str] | None = None, prior: Prior | None = None) -> optuna.samplers.BaseSampler:
     """The sampler for a config's ``sampler`` key, for a study run on ``slots`` slots at once.
 
     Args:
@@ -48,6 +49,8 @@ def make_sampler(kind: str, seed: int | None, *, slots: int = 1,
             trial has run.
         raise_when: The parameters ``tpe`` raises when the best trial's scheduler log calls for
             it (:mod:`autotune.outcome.load_signals`).
+        prior: What earlier studies found (a warm start), for ``tpe``; the other samplers start
+            from the warm start's enqueued configurations only.
 
     Each runs multi-objective studies too: Optuna 5's TPE ranks trials by non-domination and every
     trial with a positive constraint below the feasible ones; the GP sampler has a constrained
@@ -57,15 +60,16 @@ def make_sampler(kind: str, seed: int | None, *, slots: int = 1,
         return optuna.samplers.GPSampler(seed=seed)
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    return CrashAwareTPESampler(seed, slots=slots, launched_as=launched_as, monotone=monotone, raise_when=raise_when)
+    return CrashAwareTPESampler(seed, slots=slots, launched_as=launched_as, monotone=monotone, raise_when=raise_when,
+                                prior=prior)
 
 
-def for_space(kind: str, space: SearchSpace, *, slots: int = 1) -> SamplerFactory:
+def for_space(kind: str, space: SearchSpace, *, slots: int = 1, prior: Prior | None = None) -> SamplerFactory:
     """:func:`make_sampler` for ``kind`` on ``space`` (its ``applied``, ``monotone`` and
-    ``raise_when``) with ``slots`` slots, as a function of the seed."""
+    ``raise_when``) with ``slots`` slots and ``prior``, as a function of the seed."""
 
     def factory(seed: int | None) -> optuna.samplers.BaseSampler:
         return make_sampler(kind, seed, slots=slots, launched_as=space.applied, monotone=space.monotone(),
-                            raise_when=space.raise_when())
+                            raise_when=space.raise_when(), prior=prior)
 
     return factory

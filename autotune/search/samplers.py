@@ -16,6 +16,7 @@
   below that, its chance weighs its worth like a region's.
 - **Failed moves and named choices**: a probe does not repeat a failed one
   (:mod:`autotune.search.moves`), and no proposal takes a choice a failure's message names.
+- **Hints of a warm start** (:mod:`autotune.search.prior`): each once, on the incumbent, first.
 - **Raises the engine's log calls for** (``raise_when``, :mod:`autotune.outcome.load_signals`):
   the incumbent with the full cap raised to what its log showed, ahead of any other proposal.
 - **No repeats**: a proposal equal to a configuration already launched is redrawn.
@@ -42,6 +43,7 @@ from autotune.outcome.failures import MEMORY_KINDS
 from autotune.outcome.load_signals import ATTR as SIGNALS_ATTR, LoadSignals, raises_called_for
 from autotune.search.feasibility import MODELLED_KINDS, FeasibilityModel
 from autotune.search.moves import FailedMove, failed_moves, ordered, refused
+from autotune.search.prior import Prior
 from autotune.search.proposals import MAX_DRAWS, back_off, baseline_of, least_explored, next_parameter, raised_to, screening
 from autotune.store.record import PROPOSED_ATTR, cached_trials, failed_kind, is_feasible_measurement, is_measured, set_system_attr
 
@@ -93,12 +95,14 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
             "down"}), for the back-offs and the crash rules; None: none.
         raise_when: The space's ``raise_when`` declarations (parameter -> signal) the raises
             follow; None: no raises.
+        prior: What earlier studies found (a warm start, :mod:`autotune.search.prior`): read
+            beside the study's own trials in the crash regions and the failure boundary.
     """
 
     def __init__(self, seed: int | None = None, *, slots: int = 1, avoid_crashes: bool = True,
                  probes: bool = True, launched_as: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
                  monotone: Mapping[str, Mapping[str, str]] | None = None,
-                 raise_when: Mapping[str, str] | None = None) -> None:
+                 raise_when: Mapping[str, str] | None = None, prior: Prior | None = None) -> None:
         self.tpe = tpe_sampler(seed, slots=slots)
         self._random = optuna.samplers.RandomSampler(seed=None if seed is None else seed + 1)
         self.launched_as = launched_as
@@ -112,6 +116,8 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         no raises."""
         self.avoid_crashes = avoid_crashes
         self.probes = probes
+        self.prior = prior or Prior()
+        """Other studies' failures and runs (a warm start); empty: none."""
         self._rng = random.Random(seed)
         self._rules: list[tuple[tuple[Any, ...], float, float]] = []
         self._rules_at = -1
@@ -146,6 +152,11 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
                     return params
                 backed = back_off(self._rng, self.monotone, finished, search_space) if backed else None
             return params
+        if incumbent is not None and self.prior.hints:
+            hinted = self._hinted(study, incumbent, finished, search_space, launched)
+            if hinted is not None:
+                _record(study, trial, hinted[1])
+                return hinted[0]
         if incumbent is not None and self.raise_when:
             raised = self._raised(study, incumbent, search_space, launched)
             if raised is not None:
@@ -242,10 +253,14 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         key = (len(finished), tuple(search_space))
         if key == self._learnt_at:
             return
-        self._moves = failed_moves(finished, search_space)
+        self._moves = failed_moves(finished, search_space) + self.prior.failed_moves(
+            search_space, [t.params for t in finished if _measured(t)])
         if self.avoid_crashes:  # the boundary is read only to avoid crashes
-            self._boundary = FeasibilityModel(search_space).fit([t.params for t in finished if _measured(t)],
-                                                                [(k, t.params) for t in finished if (k := _kind(t))])
+            failed = [(k, t.params) for t in finished if (k := _kind(t))]
+            carried = self.prior.boundary_kinds([k for k, _ in failed])
+            self._boundary = FeasibilityModel(search_space).fit(
+                [t.params for t in finished if _measured(t)] + [v.params for v in self.prior.runs],
+                failed + [(v.failure.kind, v.params) for v in self.prior.failures if v.failure and v.failure.kind in carried])
         self._learnt_at = key
 
     def regions(self, study: optuna.Study) -> list[tuple[tuple[Any, ...], float, float]]:
@@ -253,10 +268,13 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         with its share of failures and its failures' mean duration over a measured trial's
         median; and, from the same rules, the choices a failure's message names (the rules of
         step 0). Recomputed when a trial has finished (whatever its outcome: a run stopped early
-        counts for the rules as a run)."""
+        counts for the rules as a run). With a :attr:`prior`, its records join the study's own
+        (:meth:`~autotune.search.prior.Prior.weighs_region` says where the study's own trials alone
+        weigh a region)."""
         finished = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
         if self._rules_at != finished:
-            views = analysed_views(study)
+            own = analysed_views(study)
+            views = [*own, *self.prior.views]
             durations = {v.number: float(v.duration_s or 0.0) for v in views}
             ok = sorted(durations[v.number] for v in views if v.outcome == "ok")
             typical = ok[len(ok) // 2] if ok else 0.0
@@ -264,10 +282,17 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
             rules = failure_rules(views, self.monotone, self._bounds).rules  # as `study explain` states them
             self._named = {(c.param, c.value) for rule in rules if rule.named for c in rule.conditions}
             for rule in rules:
-                failed = [durations.get(n, 0.0) for n in rule.trials] or [typical]
+                region = tuple(rule.conditions) + tuple(rule.scope)
+                share, shown_by = rule.failed / rule.covered, rule.trials
+                inside = [v for v in own if all(c.holds(v.params) for c in region)] if self.prior else []
+                if self.prior and not self.prior.weighs_region(inside):
+                    shown_by = [v.number for v in inside if v.failure and v.failure.kind == rule.kind]
+                    measured = sum(1 for v in inside if v.outcome.measured)
+                    share = len(shown_by) / (len(shown_by) + measured)
+                failed = [durations.get(n, 0.0) for n in shown_by] or [typical]
                 ratio = (sum(failed) / len(failed)) / typical if typical > 0 else 1.0
                 # a region holds where the rule was shown (its scope), not where no trial of it went
-                out.append((tuple(rule.conditions) + tuple(rule.scope), rule.failed / rule.covered, max(ratio, 1e-3)))
+                out.append((region, share, max(ratio, 1e-3)))
             self._rules, self._rules_at = out, finished
             self._boundary_cost = {}
             for kind in MODELLED_KINDS:
@@ -318,6 +343,25 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
                 return probe, {"by": "raise", "param": name, "from": incumbent.params[name], "to": value,
                                "after": incumbent.number, "signal": declared[name],
                                "in_flight": signals.in_flight_max, "waiting": signals.queued_at_max}
+        return None
+
+    def _hinted(self, study: optuna.Study, incumbent: FrozenTrial, finished: list[FrozenTrial],
+                search_space: dict[str, BaseDistribution],
+                launched: set[tuple[tuple[str, str], ...]]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """The first hint of the prior not proposed yet, on the incumbent
+        (:meth:`~autotune.search.prior.Hint.on`), and why; None when each is proposed, launched
+        already or inside a crash region."""
+        asked = cached_trials(study, (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING))
+        proposed = {why.get("hint") for t in asked
+                    if isinstance(why := t.system_attrs.get(PROPOSED_ATTR), dict) and why.get("by") == "warm-start"}
+        kinds = [k for t in finished if (k := _kind(t))]
+        for i, hint in enumerate(self.prior.hints):
+            if i in proposed:
+                continue
+            params = hint.on({n: incumbent.params[n] for n in search_space}, self.monotone, kinds)
+            if self._launch_key(params) in launched or (self.avoid_crashes and not self.safe(study, params)):
+                continue
+            return params, {**hint.why, "hint": i, "around": incumbent.number}
         return None
 
     @staticmethod

@@ -179,7 +179,9 @@ def outcome_of(t: FrozenTrial) -> Outcome:
             TrialState.COMPLETE: Outcome.OK, TrialState.PRUNED: Outcome.STOPPED}.get(t.state, Outcome.FAULT)
 
 
-def _failure(ua: Mapping[str, Any]) -> Failure | None:
+def failure_from_attrs(ua: Mapping[str, Any]) -> Failure | None:
+    """The failure a trial's user attrs (``failure_kind``, ``_message``, ``_excerpt``, ``_cause``,
+    ``_phase``) record; None when they record none."""
     kind = ua.get("failure_kind")
     if not kind:
         return None
@@ -225,7 +227,7 @@ def read(t: FrozenTrial) -> TrialRecord:
         params=dict(ua.get("applied") or t.params),
         value=values[0] if values else None,
         metrics=dict(ua.get("metrics") or {}),
-        failure=_failure(ua),
+        failure=failure_from_attrs(ua),
         duration_s=ua.get("duration_s"),
         baseline=bool(ua.get("baseline")),
         env=dict(ua.get("env") or {}),
@@ -240,7 +242,7 @@ def read(t: FrozenTrial) -> TrialRecord:
         values=values,
         early_stop=ua.get("early_stop") or None,
         load_signals=ua.get(SIGNALS_ATTR) or None,
-        proposed=t.system_attrs.get(PROPOSED_ATTR) or None,
+        proposed=t.system_attrs.get(PROPOSED_ATTR) or ua.get(PROPOSED_ATTR) or None,
         confirms=ua.get("confirms"),
         retry_of=ua.get("retry_of"),
         implied_by=ua.get("implied_by"),

@@ -42,6 +42,10 @@ def proposal_text(why: dict[str, Any] | None) -> str | None:
     if by == "probe":
         text = f"{why.get('param')} moved alone from trial {why.get('around')} (the best so far), the rest kept"
         return text + " (the screen of the baseline: one change at a time)" if why.get("screen") else text
+    if by == "warm-start":
+        return (f"study {why.get('study')} trial {why.get('trial')}'s {why.get('part')} (a warm start) on trial "
+                f"{why.get('around')} (the best so far), except what this study's own failures speak for: "
+                "measured here to confirm it")
     if by == "back-off":
         return ("the baseline with the parameters the space declares monotone for its failure moved to the "
                 "safe side of the failures so far (a back-off)")
@@ -311,6 +315,8 @@ def pick(study: optuna.Study, views: list[TrialRecord] | None = None, rule: Choi
                   rule or choice_rule(study))
 
 
+WARM_START_ATTR = "warm_start"
+"""Study user attr: what a warm start carried (written by :mod:`autotune.study.warm_start`)."""
 LUCK_SDS = 2.0
 """How many run-to-run standard deviations a single run must beat the best confirmed figure by to
 be the best (:func:`best_of`): about the luck of the best of a few dozen near-equal runs."""
@@ -422,6 +428,10 @@ def show_json(study: optuna.Study) -> dict[str, Any]:
     if len(goals) > 1:
         doc["objectives"] = [g.to_json() for g in goals]
         doc["trials"] = [{**row, "values": v.values} for row, v in zip(doc["trials"], views)]
+    warm = study.user_attrs.get(WARM_START_ATTR)
+    if isinstance(warm, dict):  # what it started from, without the carried records themselves
+        doc["warm_start"] = {k: warm.get(k) for k in ("sources", "hints", "lines")}
+        doc["warm_start"]["carried"] = {k: len(warm.get(k) or []) for k in ("failures", "runs")}
     return doc
 
 

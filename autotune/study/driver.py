@@ -48,7 +48,7 @@ from autotune.store.record import FAILURE_CONSTRAINT, Outcome, carried
 from autotune.store.storage import artifact_dir, check_artifacts_writable, check_storage, low_disk, open_storage
 from autotune.store.study_view import best_moved, best_view, measured_configs, pooled_noise, trial_views
 from autotune.store.trial_result import result_attrs
-from autotune.study import confirmation, identity, skips, texts
+from autotune.study import confirmation, identity, skips, texts, warm_start
 from autotune.study.leftovers import Leftovers
 from autotune.study.lease import StudyLease
 from autotune.study.notes import write_notes, write_trial_note
@@ -111,6 +111,15 @@ finished_trials = record.finished
 """Trials that count against the budget (:attr:`autotune.store.record.Outcome.finished`)."""
 
 
+def _exists(storage: optuna.storages.BaseStorage, name: str) -> bool:
+    """Whether ``storage`` holds a study ``name``."""
+    try:
+        storage.get_study_id_from_name(name)
+    except KeyError:
+        return False
+    return True
+
+
 class Driver:
     """Runs a study to its budget.
 
@@ -164,6 +173,8 @@ class Driver:
         self.lease: StudyLease | None = None
         self.pool = SlotPool(executor.slots(), quarantine_after=config.quarantine_after)
         self._niced: set[tuple[str, int]] = set()
+        self.warm = warm_start.WarmStart()
+        """What the study started from (:mod:`autotune.study.warm_start`), once :meth:`open_study` ran."""
         """(host, niceness) pairs already told to the reporter."""
 
     # -- setup ------------------------------------------------------------------------------
@@ -184,16 +195,26 @@ class Driver:
         self.lease.acquire()
         directions: dict[str, Any] = ({"directions": self.objective.directions} if self.objective.multi
                                       else {"direction": self.objective.direction})
+        baseline = self.space.complete(self.config.baseline)
+        facts, planned = None, None
+        if self.config.warm_start and not _exists(storage, self.config.name):  # refused before anything is written
+            facts = identity.hosts_facts(self.config, self.hosts)
+            planned = warm_start.prepare_new(self.config, self.space, baseline, facts)
         study = optuna.create_study(storage=storage, study_name=self.config.name, load_if_exists=True, **directions)
         identity.check_same(study, self.config.name, self.space, self.objective)
-        factory = self.sampler_factory or for_space(self.config.sampler, self.space, slots=self.executor.capacity())
-        study.sampler = factory(derived_seed(self.config.seed, len(study.trials)))
         identity.write_identity(study, self.config, self.space, self.objective)
-        identity.record_host_facts(study, self.config, self.hosts)
+        identity.record_host_facts(study, self.config, self.hosts, facts)
+        fresh = warm_start.ATTR not in study.user_attrs
+        self.warm = warm_start.prepare(study, self.config, self.space, baseline, planned)
+        factory = self.sampler_factory or for_space(self.config.sampler, self.space, slots=self.executor.capacity(),
+                                                    prior=self.warm.prior)
+        study.sampler = factory(derived_seed(self.config.seed, len(study.trials)))
         self.leftovers.recover(study, self.lease.me.id)
         if self.config.baseline or not study.trials:
-            baseline = self.space.complete(self.config.baseline)
             study.enqueue_trial(baseline, user_attrs={"baseline": True}, skip_if_exists=True)
+        if fresh:  # said once, when it is planned
+            for line in self.warm.lines:
+                self.reporter.note(line)
         return study
 
     # -- the loop ---------------------------------------------------------------------------

@@ -113,15 +113,21 @@ def check_same(study: optuna.Study, name: str, space: SearchSpace, objective: Ob
         raise StudyMismatchError(f"study '{name}' was run with another search space ({problem}): use another --name")
 
 
-def record_host_facts(study: optuna.Study, config: StudyConfig, hosts: Mapping[str, Host]) -> None:
-    """What each host says about its GPUs, driver, NCCL and engine package, in the study's
-    :data:`HOST_FACTS`, once per host (a resume asks only hosts new to the study; the package's
-    version is read from its metadata: nothing is imported). Under Ray with local slots the
-    trials run on the nodes, which the driver does not reach: nothing is recorded for them."""
-    facts = dict(study.user_attrs.get(HOST_FACTS) or {})
+def hosts_facts(config: StudyConfig, hosts: Mapping[str, Host], known: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What each host not in ``known`` says about its GPUs, driver, NCCL and engine package, by
+    host name (the package's version is read from its metadata: nothing is imported). Under Ray
+    with local slots the trials run on the nodes, which the driver does not reach: nothing for them."""
     package = get_preset(config.target.engine).package
-    new = {name: host_facts(runner_for(host), python=host.python, package=package)
-           for name, host in hosts.items()
-           if name not in facts and not (config.executor == "ray" and not host.remote)}
+    return {name: host_facts(runner_for(host), python=host.python, package=package)
+            for name, host in hosts.items()
+            if name not in (known or {}) and not (config.executor == "ray" and not host.remote)}
+
+
+def record_host_facts(study: optuna.Study, config: StudyConfig, hosts: Mapping[str, Host],
+                      new: Mapping[str, Any] | None = None) -> None:
+    """:func:`hosts_facts` in the study's :data:`HOST_FACTS`, once per host (a resume asks only
+    hosts new to the study); ``new``: those facts, read already."""
+    facts = dict(study.user_attrs.get(HOST_FACTS) or {})
+    new = hosts_facts(config, hosts, facts) if new is None else {k: v for k, v in new.items() if k not in facts}
     if new:
         study.set_user_attr(HOST_FACTS, {**facts, **new})
