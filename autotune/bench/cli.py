@@ -59,7 +59,8 @@ def tuner(
                                                   "(default: all; autotune-warm with --warm-from only)."),
     warm_from: Optional[str] = typer.Option(None, "--warm-from", metavar="S",
                                             help="autotune-warm's source: a scenario whose autotune study (same seed "
-                                                 "and budget) each warm-started study starts from."),
+                                                 "and budget) each warm-started study starts from; 'sibling' with "
+                                                 "--generated: another model on each generated host."),
     force: bool = typer.Option(False, "--force", help="autotune-warm: force the warm start (a source on another host)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", help="Worker processes (default: the CPU count)."),
     noise: Optional[float] = typer.Option(None, "--noise", help="Relative sd of measured throughput (default: the scenario's)."),

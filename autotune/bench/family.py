@@ -17,13 +17,14 @@ from typing import Any, Mapping, Sequence
 from autotune.bench.scores import summarize
 from autotune.bench.study_trace import StudyTrace
 from autotune.errors import UsageError
-from autotune.sim.family import DEVELOPMENT, HELD_BACK, generate, generated_name, to_yaml
+from autotune.sim.family import DEVELOPMENT, HELD_BACK, generate, generate_sibling, to_yaml
 
 __all__ = ["family_files", "halves", "summarize_family"]
 
 
-def family_files(seeds: Sequence[int], folder: Path | None = None) -> list[str]:
-    """The scenario file of each seed's host, written into ``folder`` (default:
+def family_files(seeds: Sequence[int], folder: Path | None = None, *, sibling: bool = False) -> list[str]:
+    """The scenario file of each seed's host (``sibling``: of another model on that host,
+    :func:`~autotune.sim.family.generate_sibling`), written into ``folder`` (default:
     ``autotune-bench/family`` under the system temp folder), in the order of ``seeds``.
 
     Raises:
@@ -34,9 +35,10 @@ def family_files(seeds: Sequence[int], folder: Path | None = None) -> list[str]:
     try:
         where.mkdir(parents=True, exist_ok=True)
         for seed in seeds:
-            path = where / f"{generated_name(seed)}.yaml"
+            scenario = generate_sibling(seed) if sibling else generate(seed)
+            path = where / f"{scenario.name}.yaml"
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(to_yaml(generate(seed)), encoding="utf-8")
+            tmp.write_text(to_yaml(scenario), encoding="utf-8")
             tmp.replace(path)
             out.append(str(path))
     except OSError as exc:

@@ -39,6 +39,10 @@ from autotune.sim.scenario import list_scenarios
 
 
 # -- the benchmark -----------------------------------------------------------------------------------
+SIBLING = "sibling"
+"""``--warm-from``'s value for each generated host's sibling (:func:`~autotune.sim.family.generate_sibling`)."""
+
+
 @dataclass(frozen=True)
 class BenchOptions:
     """What `autotune bench tuner` runs."""
@@ -94,8 +98,12 @@ def check_options(opts: BenchOptions) -> list[Setup]:
             raise UsageError(f"unknown strategy '{name}' (strategies: {', '.join(STRATEGIES)})")
     if ("autotune-warm" in opts.strategies) != (opts.warm_from is not None):
         raise UsageError("strategy autotune-warm and --warm-from go together")
-    if opts.warm_from is not None and opts.warm_from not in list_scenarios() and not Path(opts.warm_from).is_file():
-        raise UsageError(f"--warm-from: unknown scenario '{opts.warm_from}' (built-in: {', '.join(list_scenarios())})")
+    if opts.warm_from == SIBLING and (opts.scenarios or not opts.generated):
+        raise UsageError(f"--warm-from {SIBLING} is for generated hosts only (--generated without --scenario)")
+    if (opts.warm_from not in (None, SIBLING) and opts.warm_from not in list_scenarios()
+            and not Path(opts.warm_from).is_file()):
+        raise UsageError(f"--warm-from: unknown scenario '{opts.warm_from}' (built-in: {', '.join(list_scenarios())}; "
+                         f"'{SIBLING}' with --generated)")
     setups = []
     for name in (*opts.scenarios, *family_files(opts.generated)):
         if name not in list_scenarios() and not Path(name).is_file():
@@ -125,11 +133,11 @@ def run_bench(opts: BenchOptions, *, progress: Callable[[int, int, str], None] |
         for setup, opt in zip(setups, _map(pool, search, setups, ordered=True)):
             optima[setup.scenario_name] = opt
         note(len(setups), len(setups), "optimum")
+        sources = _warm_sources(opts, setups)
         for setup in setups:
             for seed in range(opts.seeds):
                 for name in opts.strategies:
-                    source = (Setup(opts.warm_from, opts.space, opts.objective, opts.noise, opts.early_stop)
-                              if name == "autotune-warm" and opts.warm_from else None)
+                    source = sources.get(setup.scenario_name) if name == "autotune-warm" else None
                     tasks.append(StudyTask(setup, name, seed, opts.trials, optima[setup.scenario_name].value,
                                            opts.scratch, warm_from=source, force=opts.force))
         traces: list[StudyTrace] = []
@@ -138,6 +146,19 @@ def run_bench(opts: BenchOptions, *, progress: Callable[[int, int, str], None] |
             traces.append(trace)
             note(len(traces), len(tasks), f"{trace.scenario} {trace.strategy} seed {trace.seed}")
     return report(opts, setups, optima, traces, wall_s=time.perf_counter() - started)
+
+
+def _warm_sources(opts: BenchOptions, setups: Sequence[Setup]) -> dict[str, Setup]:
+    """``autotune-warm``'s source of each set-up: ``--warm-from``'s scenario, or with
+    :data:`SIBLING` each generated host's sibling (the family's set-ups come last, in seed order)."""
+    if opts.warm_from is None:
+        return {}
+    if opts.warm_from != SIBLING:
+        names = {s.scenario_name: opts.warm_from for s in setups}
+    else:
+        family = setups[len(setups) - len(opts.generated):]
+        names = {s.scenario_name: f for s, f in zip(family, family_files(opts.generated, sibling=True))}
+    return {k: Setup(v, opts.space, opts.objective, opts.noise, opts.early_stop) for k, v in names.items()}
 
 
 class _Inline:

@@ -12,6 +12,7 @@ places. Every figure is derived from the draws the way the built-in scenarios' a
 Contract: the same seed gives the same scenario (a ``random.Random(seed)`` is the only source);
 every generated host serves a small load at some ``--mem-fraction-static`` with otherwise
 default flags (draws that would not are redrawn, still from the seed's generator).
+:func:`generate_sibling` draws another model on a seed's host (a pair that shares a host).
 :func:`to_yaml` writes one as a scenario file that ``autotune sim`` and ``autotune bench tuner``
 load; :func:`parse_seeds` reads ``A-B`` / ``A,B,C`` seed lists; :data:`DEVELOPMENT` and
 :data:`HELD_BACK` are the halves of the family a change may be tuned on and the one it is judged on.
@@ -29,7 +30,8 @@ from autotune.sim.args import ServerArgs
 from autotune.sim.model import Workload, predict
 from autotune.sim.scenario import Scenario
 
-__all__ = ["DEVELOPMENT", "GPUS", "HELD_BACK", "MODELS", "generate", "generated_name", "parse_seeds", "to_yaml"]
+__all__ = ["DEVELOPMENT", "GPUS", "HELD_BACK", "MODELS", "generate", "generate_sibling", "generated_name", "parse_seeds",
+           "to_yaml"]
 
 DEVELOPMENT = range(0, 100)
 """Seeds a change to the tuner may be developed and tuned on."""
@@ -118,6 +120,20 @@ def generate(seed: int) -> Scenario:
     raise RuntimeError(f"seed {seed}: no host that serves in {_MAX_REDRAWS} draws")  # not seen on seeds 0-999
 
 
+def generate_sibling(seed: int) -> Scenario:
+    """Another model on the host drawn from ``seed`` (named ``generated-SEED-sibling``): the same
+    GPUs, count and interconnect, a model of :data:`MODELS` other than the host's own, drawn with
+    its compute, memory and launch command from a generator of its own (the same seed, the same
+    sibling)."""
+    host = generate(seed)
+    rng = random.Random(f"sibling-{seed}")
+    for _ in range(_MAX_REDRAWS):
+        scenario = _Draw(rng, seed, host=host).scenario()
+        if _serves(scenario):
+            return scenario
+    raise RuntimeError(f"seed {seed}: no sibling that serves in {_MAX_REDRAWS} draws")
+
+
 def to_yaml(scenario: Scenario) -> str:
     """A scenario file's text (what :func:`~autotune.sim.scenario.parse_scenario` reads back)."""
     doc = scenario.model_dump(mode="json")
@@ -158,12 +174,15 @@ def _serves(scenario: Scenario) -> bool:
 class _Draw:
     """One draw of a host from ``rng`` (each figure a method, in a fixed order)."""
 
-    def __init__(self, rng: random.Random, seed: int) -> None:
+    def __init__(self, rng: random.Random, seed: int, host: Scenario | None = None) -> None:
         self.rng = rng
         self.seed = seed
-        self.gpu = rng.choice(GPUS)
-        options = [(m, b, n) for m in MODELS for b in self.gpu.precisions for n in (2, 4, 8)
-                   if 0.08 <= self._weights(m, b, n) / self.gpu.memory_gb <= 0.72]
+        self.host = host
+        self.gpu = rng.choice(GPUS) if host is None else next(g for g in GPUS if g.name == host.gpu.name)
+        counts = (2, 4, 8) if host is None else (host.gpu.count,)
+        options = [(m, b, n) for m in MODELS for b in self.gpu.precisions for n in counts
+                   if 0.08 <= self._weights(m, b, n) / self.gpu.memory_gb <= 0.72
+                   and (host is None or not host.model.name.startswith(f"generated/{m.name}-"))]
         self.model, self.bytes, self.count = rng.choice(options)
         self.weights_gb = self._weights(self.model, self.bytes, self.count)
 
@@ -175,13 +194,18 @@ class _Draw:
 
     def scenario(self) -> Scenario:
         interconnect, where = self.interconnect()
+        if self.host is not None:  # a sibling: the host's own interconnect
+            link = self.host.interconnect
+            interconnect = link.model_dump(mode="json")
+            where = "over NVLink" if link.kind == "nvlink" else "over PCIe" + ("" if link.p2p else " without P2P")
         model, spec = self.served_model()
         memory, launch = self.memory()
         m = self.model
         doc: dict[str, Any] = {
-            "name": generated_name(self.seed),
+            "name": generated_name(self.seed) + ("" if self.host is None else "-sibling"),
             "description": (f"{self.count}x {self.gpu.name.replace('NVIDIA ', '')} {where}, {m.name} "
-                            f"{_PRECISION[self.bytes]} at TP{self.count}; {spec} (generated, seed {self.seed})"),
+                            f"{_PRECISION[self.bytes]} at TP{self.count}; {spec} (generated, seed {self.seed}"
+                            f"{'' if self.host is None else ', sibling'})"),
             "gpu": {"name": self.gpu.name, "memory_gb": self.gpu.memory_gb, "count": self.count,
                     "reserved_gb": round(self.u(0.8, 1.8), 2)},
             "interconnect": interconnect, "model": model, "compute": self.compute(), "memory": memory,

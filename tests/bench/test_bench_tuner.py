@@ -366,6 +366,9 @@ def test_json_report_has_the_documented_keys_and_consistent_numbers(tmp_path: Pa
     (["--noise", "0.7"], "--noise must be in [0, 0.5)"),
     (["--objective", "throughput_slo"], "SLO"),
     (["--space", "nccl_only", "--strategies", "grid"], "strategy grid"),
+    (["--strategies", "autotune-warm"], "autotune-warm and --warm-from go together"),
+    (["--strategies", "autotune,autotune-warm", "--warm-from", "nowhere"], "--warm-from: unknown scenario 'nowhere'"),
+    (["--strategies", "autotune,autotune-warm", "--warm-from", "sibling"], "--warm-from sibling is for generated hosts"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path: Path, args: list[str], fragment: str) -> None:
     proc = _cli("--scenario", GLM, *args, cwd=tmp_path) if "--scenario" not in args else _cli(*args, cwd=tmp_path)

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from autotune.sim.args import ServerArgs
 from autotune.sim.cli import app
-from autotune.sim.family import DEVELOPMENT, HELD_BACK, generate, parse_seeds, to_yaml
+from autotune.sim.family import DEVELOPMENT, HELD_BACK, generate, generate_sibling, parse_seeds, to_yaml
 from autotune.sim.model import Workload, predict
 from autotune.sim.scenario import load_scenario, parse_scenario
 
@@ -70,6 +70,24 @@ def test_every_host_serves_at_some_memory_fraction(seed: int) -> None:
     small = Workload(concurrency=8, num_prompts=8, input_len=64, output_len=16)
     outcomes = [predict(host, ServerArgs(mem_fraction_static=f), {}, small).outcome for f in (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)]
     assert "ok" in outcomes
+
+
+@pytest.mark.parametrize("seed", [0, 3, 57, 150])
+def test_a_sibling_is_another_model_on_the_same_host(seed: int, tmp_path: Path) -> None:
+    from autotune.study.warm_start import fingerprint
+
+    host, sibling = generate(seed), generate_sibling(seed)
+    assert sibling == generate_sibling(seed) and sibling.name == f"generated-{seed}-sibling"
+    assert (sibling.gpu.name, sibling.gpu.count, sibling.interconnect) == (host.gpu.name, host.gpu.count, host.interconnect)
+    assert sibling.model.name != host.model.name
+    assert parse_scenario(to_yaml(sibling)) == sibling
+    # the warm start reads the two files as one host serving two models
+    prints = []
+    for sc in (host, sibling):
+        path = tmp_path / f"{sc.name}.yaml"
+        path.write_text(to_yaml(sc), encoding="utf-8")
+        prints.append(fingerprint({"target": {"engine": "sim", "scenario": str(path)}}, {}))
+    assert prints[0].host == prints[1].host and prints[0].model != prints[1].model, prints
 
 
 def test_halves_do_not_overlap() -> None:
