@@ -297,9 +297,15 @@ def _describe_exit(rank: int, exitcode: int, outdir: Path) -> str:
 
 
 def _failure(failures: dict[int, Any], outdir: Path) -> str:
-    """The verdict on torchrun's failed ranks (rank -> ``ProcessFailure``): the first to fail (its
-    time, then the order torchrun saw them in), and which others failed or were stopped."""
-    first = min(failures, key=lambda r: failures[r].timestamp)
+    """The verdict on torchrun's failed ranks (rank -> ``ProcessFailure``): the first to fail, and
+    which others failed or were stopped. A rank killed by a signal other than SIGTERM (torchrun's
+    stop) comes first: its peers' failures follow from it (a collective with a dead peer raises),
+    but torchrun may read their error files' times before it sees the death; then the earliest
+    time, then the order torchrun saw them in."""
+    def killed(r: int) -> bool:
+        return failures[r].exitcode < 0 and failures[r].exitcode != -signal.SIGTERM
+
+    first = min(failures, key=lambda r: (not killed(r), failures[r].timestamp))
     others = [str(r) for r in sorted(failures) if r != first]
     note = f" (then rank(s) {', '.join(others)} failed or were stopped)" if others else ""
     return _describe_exit(first, failures[first].exitcode, outdir) + note

@@ -187,3 +187,18 @@ def test_a_wrong_result_is_an_error(op: str) -> None:
         WrongResultError, match=rf"{op} of 20 B .* on rank 1: 1 of \d+ elements differ \(first at index 3"
     ):
         case.verify("bf16")
+
+
+def test_a_rank_killed_by_a_signal_is_named_first_even_when_its_peer_s_error_reads_earlier(tmp_path: Path) -> None:
+    # the race the test above meets under load, made exact: torchrun reads rank 0's error file
+    # (a collective with a dead peer) with an earlier time than it saw rank 1's SIGKILL
+    from types import SimpleNamespace
+
+    from autotune.benchmarks.collectives import _failure
+
+    (tmp_path / "rank0.error").write_text("RuntimeError: Connection closed by peer\n")
+    failures = {0: SimpleNamespace(exitcode=1, timestamp=100), 1: SimpleNamespace(exitcode=-9, timestamp=101)}
+    assert _failure(failures, tmp_path) == "rank 1 was killed by SIGKILL (then rank(s) 0 failed or were stopped)"
+    # torchrun's own stop (SIGTERM) is a consequence, not a cause
+    failures = {0: SimpleNamespace(exitcode=1, timestamp=100), 1: SimpleNamespace(exitcode=-15, timestamp=101)}
+    assert _failure(failures, tmp_path).startswith("rank 0 exited with code 1: RuntimeError: Connection closed by peer")
