@@ -14,8 +14,9 @@ What carries over, by kind of knowledge (:func:`plan`):
   only when host, engine and model are the same: across models the memory boundary moves with
   weights and KV size, and no stated reason scales it here, so it is not carried;
 - hints the new study confirms by measuring them (:class:`~autotune.search.prior.Hint`): the
-  source's best configuration, then its NCCL settings alone (same host), each proposed once on
-  the best configuration measured here.
+  source's best configuration (for another model, without its memory settings, which belong to
+  the memory boundary), then its NCCL settings alone (same host), each proposed once on the best
+  configuration measured here.
 
 A source on another host or engine is refused (:class:`WarmStartError`) unless ``force``: then it
 is carried as if the same, the difference stated. Nothing is silent: :attr:`WarmStart.lines` name
@@ -35,6 +36,7 @@ from optuna.distributions import BaseDistribution
 from autotune.config.space import SearchSpace
 from autotune.config.study import StudyConfig, WarmStartFrom
 from autotune.errors import UsageError
+from autotune.outcome.failures import MEMORY_KINDS
 from autotune.search.prior import Hint, Move, Prior
 from autotune.store.record import Outcome, TrialRecord, failure_from_attrs, read_all
 from autotune.store.study_view import WARM_START_ATTR, best_view, load_study
@@ -189,7 +191,7 @@ def plan(sources: Sequence[tuple[WarmStartFrom, optuna.Study]], mine: Fingerprin
                 if kind in HOST_KINDS + ENGINE_KINDS:
                     record["moves"] += _moves(source.study_name, v, kind, views, dists)
         moves = [m for m in record["moves"] if m["study"] == source.study_name]
-        hints = _hints(source, dists, space, baseline, host_ok, seen_hints)
+        hints = _hints(source, dists, space, baseline, host_ok, model_ok, seen_hints)
         record["hints"] += [{"values": h.values, "why": h.why} for h in hints]
         record["sources"].append({"study": source.study_name, "host": theirs.host, "engine": theirs.engine,
                                   "model": theirs.model, "differs": differs, "forced": bool(differs)})
@@ -246,17 +248,24 @@ def _inside(dist: BaseDistribution, value: Any) -> bool:
 
 
 def _hints(source: optuna.Study, dists: Mapping[str, BaseDistribution], space: SearchSpace,
-           baseline: Mapping[str, Any], host_ok: bool, seen: list[dict[str, Any]]) -> list[Hint]:
-    """The source best's values where they differ from ``baseline``: all of them, then its NCCL
-    settings alone (``host_ok``); each unless one in ``seen`` (which they join) has them."""
+           baseline: Mapping[str, Any], host_ok: bool, model_ok: bool, seen: list[dict[str, Any]]) -> list[Hint]:
+    """The source best's values where they differ from ``baseline``: all of them (another model,
+    not ``model_ok``: but its memory settings, the server parameters the space declares monotone
+    for a memory failure), then its NCCL settings alone (``host_ok``); each unless one in ``seen``
+    (which they join) has them."""
     best = best_view(source)
     if best is None:
         return []
     raw = next((t.params for t in source.get_trials(deepcopy=False) if t.number == best.number), {})
     shared = {n: v for n, v in raw.items() if n in dists and _inside(dists[n], v) and baseline.get(n) != v}
     host = {n: v for n, v in shared.items() if (space.parameters[n].env or "").startswith("NCCL_")}
+    memory = [] if model_ok else [n for n in shared
+                                  if n not in host and set(MEMORY_KINDS).intersection(space.parameters[n].monotone)]
+    whole = (("whole configuration", shared) if not memory else
+             (f"configuration but its memory settings ({', '.join(memory)}: another model)",
+              {n: v for n, v in shared.items() if n not in memory}))
     out = []
-    for part, values in (("whole configuration", shared), ("NCCL settings", host if host_ok else {})):
+    for part, values in (whole, ("NCCL settings", host if host_ok else {})):
         if values and values not in seen:
             seen.append(values)
             out.append(Hint(values, {"by": "warm-start", "study": source.study_name, "trial": best.number,

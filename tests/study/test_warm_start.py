@@ -85,9 +85,30 @@ def test_a_source_on_another_host_is_refused_unless_forced(recorded_study: Path,
     forced = autotune("study", "start", str(cfg), "--warm-start-from", RECORDED, "--force", cwd=tmp)
     said = forced.stdout + forced.stderr
     assert f"warm start from study {RECORDED}, forced: host: {HOST}, now 8x " in said, said
+    assert "not carried: oom (trials 1)" in said, said  # another model: its memory boundary stays behind
     assert show(tmp, "elsewhere")["warm_start"]["sources"][0]["forced"] is True
     bad = autotune("study", "start", str(cfg), "--force", "--name", "x", cwd=tmp, check=False)
     assert bad.returncode == 2 and "--force is for --warm-start-from" in bad.stderr, bad.stderr
+
+
+def test_another_model_is_not_hinted_the_source_s_memory_settings(recorded_study: Path, tmp_path: Path) -> None:
+    """The source's best (Ring, 0.92) differs from this baseline in its memory setting alone: on
+    the same model it is hinted; on another model, a setting the space declares monotone for OOM
+    stays behind with the memory boundary, and nothing is left to hint."""
+    tmp = _copy(recorded_study, tmp_path)
+    space = {"NCCL_ALGO": ALGO, "mem_fraction_static": {**MFS, "monotone": {"oom": "up"}}}
+    said = {}
+    for name, scenario in (("same", None), ("kimi", "rtx6000-pcie-kimi-eagle3")):
+        cfg = write_study(tmp, name, space, baseline={"mem_fraction_static": 0.85}, overrides=RECORDED_LOAD)
+        if scenario:
+            data = yaml.safe_load(cfg.read_text())
+            data["target"]["scenario"] = scenario
+            cfg.write_text(yaml.safe_dump(data))
+        proc = autotune("study", "start", str(cfg), "--warm-start-from", RECORDED, cwd=tmp, check=False)
+        said[name] = proc.stdout + proc.stderr
+    assert "to confirm: trial 2's whole configuration (mem_fraction_static=0.92)" in said["same"], said["same"]
+    assert "same host" in said["kimi"] and "another model" in said["kimi"], said["kimi"]
+    assert "to confirm" not in said["kimi"] and "not carried: oom (trials 1)" in said["kimi"], said["kimi"]
 
 
 def test_a_resume_reads_the_warm_start_without_its_source(recorded_study: Path, tmp_path: Path) -> None:
