@@ -11,6 +11,8 @@ from pathlib import Path
 import optuna
 import yaml
 
+from autotune.config.space import load_space
+from autotune.config.study import StudyConfig
 from autotune.search.samplers import CrashAwareTPESampler
 from autotune.study import warm_start
 from tests.helpers.cli import autotune, show
@@ -94,18 +96,17 @@ def test_a_source_on_another_host_is_refused_unless_forced(recorded_study: Path,
 def test_another_model_is_not_hinted_the_source_s_memory_settings(recorded_study: Path, tmp_path: Path) -> None:
     """The source's best (Ring, 0.92) differs from this baseline in its memory setting alone: on
     the same model it is hinted; on another model, a setting the space declares monotone for OOM
-    stays behind with the memory boundary, and nothing is left to hint."""
+    stays behind with the memory boundary, and nothing is left to hint (planned here, not run)."""
     tmp = _copy(recorded_study, tmp_path)
     space = {"NCCL_ALGO": ALGO, "mem_fraction_static": {**MFS, "monotone": {"oom": "up"}}}
     said = {}
     for name, scenario in (("same", None), ("kimi", "rtx6000-pcie-kimi-eagle3")):
-        cfg = write_study(tmp, name, space, baseline={"mem_fraction_static": 0.85}, overrides=RECORDED_LOAD)
-        if scenario:
-            data = yaml.safe_load(cfg.read_text())
-            data["target"]["scenario"] = scenario
-            cfg.write_text(yaml.safe_dump(data))
-        proc = autotune("study", "start", str(cfg), "--warm-start-from", RECORDED, cwd=tmp, check=False)
-        said[name] = proc.stdout + proc.stderr
+        data = yaml.safe_load(write_study(tmp, name, space, baseline={"mem_fraction_static": 0.85}).read_text())
+        data["target"]["scenario"] = scenario or data["target"]["scenario"]
+        data["warm_start"] = [{"study": RECORDED}]
+        cfg = StudyConfig.from_mapping(data)
+        loaded = load_space(cfg.space)
+        said[name] = "\n".join(warm_start.prepare_new(cfg, loaded, loaded.complete(cfg.baseline), {}).lines)
     assert "to confirm: trial 2's whole configuration (mem_fraction_static=0.92)" in said["same"], said["same"]
     assert "same host" in said["kimi"] and "another model" in said["kimi"], said["kimi"]
     assert "to confirm" not in said["kimi"] and "not carried: oom (trials 1)" in said["kimi"], said["kimi"]
