@@ -242,7 +242,7 @@ def main() -> int:
     for kind in ("serial", "ray"):
         print(f"median {kind:6s}: start-up {med(kind, 'startup_s'):.1f} s, span "
               f"{med(kind, 'span_s'):.1f} s, end {med(kind, 'teardown_s'):.1f} s, "
-              f"per-trial extra {med(kind, 'beyond_trial_s'):.1f} s, idle slot-s "
+              f"trials' records beyond their durations (summed) {med(kind, 'beyond_trial_s'):.1f} s, idle slot-s "
               f"{med(kind, 'idle_slot_s'):.1f}")
     print(f"before: {uptime_before}")
     print(f"after:  {uptime_after}")
