@@ -238,27 +238,9 @@ def goals(per: dict[str, Any], opts: BenchOptions) -> dict[str, Any]:
     mine = per.get("autotune")
     if mine is None:
         return out
-
-    def vs(key: str, other: str, factor: float) -> dict[str, Any]:
-        theirs = per.get(other)
-        a = mine[key]["95"]["median"]
-        if theirs is None:
-            return {"met": None, "detail": f"{other} not run"}
-        b = theirs[key]["95"]["median"]
-        if a is None:
-            return {"met": False, "detail": f"autotune's median run never reached 95% (vs {other}: {_num(b)})"}
-        if b is None:
-            # a run that never reached needed more than it spent: the median is at least the
-            # median with those runs counted at what they spent
-            bound = theirs[key]["95"].get("at_least")
-            said = f"{_num(a)} vs {other} never reaching 95% in its median run (so more than {_num(bound)})"
-            if bound is not None and a <= bound * factor:
-                return {"met": True, "detail": f"{said}, ratio under {a / bound:.2f}, goal <= {factor:.2f}"}
-            return {"met": None, "detail": f"{said}: a longer {other} run would decide"}
-        return {"met": a <= b * factor, "detail": f"{_num(a)} vs {other} {_num(b)} (ratio {a / b:.2f}, goal <= {factor:.2f})"}
-
-    out["trials_to_95_vs_random"] = vs("trials_to", "random", 1 / 3)
-    out["gpu_hours_to_95_vs_tpe_naive"] = vs("gpu_hours_to", "tpe-naive", 1 / 2)
+    out["trials_to_95_vs_random"] = _vs("trials_to", ("autotune", mine), ("random", per.get("random")), 1 / 3)
+    out["gpu_hours_to_95_vs_tpe_naive"] = _vs("gpu_hours_to", ("autotune", mine), ("tpe-naive", per.get("tpe-naive")),
+                                             1 / 2)
     never = mine["never_90"]
     out["never_90_within_40"] = {"met": never["runs"] <= mine["runs"] / 20 if never["within"] >= 40 else None,
                                  "detail": f"{never['runs']} of {mine['runs']} runs within {never['within']} trials"}
@@ -289,15 +271,8 @@ def warm_goals(cold: dict[str, Any], warm: dict[str, Any], *, forced: bool) -> d
     :data:`~autotune.bench.scores.WARM_AFTER`-th trial at most half a cold start's (a source on
     the same host), or no worse (``forced``: a source on another host)."""
     factor, goal = (1.0, "no worse") if forced else (0.5, "at most half")
-    out: dict[str, Any] = {}
-    for key, label in (("trials_to", "trials"), ("gpu_hours_to", "GPU-hours")):
-        a, b = warm[key]["95"]["median"], cold[key]["95"]["median"]
-        if a is None or b is None:
-            out[f"warm_{key}_95"] = {"met": False if a is None and b is not None else None,
-                                     "detail": f"{label} to 95%: warm {_num(a)}, cold {_num(b)} ('-': not reached)"}
-        else:
-            out[f"warm_{key}_95"] = {"met": a <= b * factor,
-                                     "detail": f"{label} to 95%: warm {_num(a)} vs cold {_num(b)} (goal: {goal})"}
+    out = {f"warm_{key}_95": _vs(key, ("autotune-warm", warm), ("autotune", cold), factor)
+           for key in ("trials_to", "gpu_hours_to")}
     key = f"infeasible_share_after_{WARM_AFTER}"
     a, b = warm[key]["median"], cold[key]["median"]
     out[f"warm_infeasible_after_{WARM_AFTER}"] = {
@@ -305,6 +280,30 @@ def warm_goals(cold: dict[str, Any], warm: dict[str, Any], *, forced: bool) -> d
         "detail": "no trial after the 5th" if a is None or b is None else
         f"median {a:.1%} warm vs {b:.1%} cold (goal: {goal})"}
     return out
+
+
+def _vs(key: str, mine: tuple[str, dict[str, Any]], other: tuple[str, dict[str, Any] | None],
+        factor: float) -> dict[str, Any]:
+    """Whether the median ``key`` (trials or GPU-hours) to 95% of ``mine`` (name, summary) is at
+    most ``factor`` times ``other``'s (None: not run)."""
+    (name, summary), (other_name, theirs) = mine, other
+    if theirs is None:
+        return {"met": None, "detail": f"{other_name} not run"}
+    a, b = summary[key]["95"]["median"], theirs[key]["95"]["median"]
+    if a is None and b is None:
+        return {"met": None, "detail": f"neither {name}'s nor {other_name}'s median run reached 95%"}
+    if a is None:
+        return {"met": False, "detail": f"{name}'s median run never reached 95% (vs {other_name}: {_num(b)})"}
+    if b is None:
+        # a run that never reached needed more than it spent: the median is at least the
+        # median with those runs counted at what they spent
+        bound = theirs[key]["95"].get("at_least")
+        said = f"{_num(a)} vs {other_name} never reaching 95% in its median run (so more than {_num(bound)})"
+        if bound is not None and a <= bound * factor:
+            return {"met": True, "detail": f"{said}, ratio under {a / bound:.2f}, goal <= {factor:.2f}"}
+        return {"met": None, "detail": f"{said}: a longer {other_name} run would decide"}
+    return {"met": a <= b * factor,
+            "detail": f"{_num(a)} vs {other_name} {_num(b)} (ratio {a / b:.2f}, goal <= {factor:.2f})"}
 
 
 def _num(x: float | None) -> str:

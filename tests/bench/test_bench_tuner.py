@@ -24,8 +24,8 @@ from optuna.trial import TrialState, create_trial
 from autotune.store.record import read
 from autotune.bench.scores import summarize
 from autotune.bench.setups import BENCH_ENV, Setup
-from autotune.bench.study_trace import StudyTask, StudyTrace, _Clock, _trace, scratch_dir
-from autotune.bench.tuner import BenchOptions, goals
+from autotune.bench.study_trace import StudyTask, StudyTrace, _Clock, _trace, run_study, scratch_dir
+from autotune.bench.tuner import BenchOptions, goals, warm_goals
 from autotune.search.factory import make_sampler
 from autotune.study.driver import Driver
 from autotune.errors import UsageError
@@ -317,6 +317,33 @@ def test_a_goal_against_a_strategy_that_never_got_there_is_met_only_below_what_i
     assert undecided["trials_to_95_vs_random"]["met"] is None  # 4 > 7 / 3: a longer run would decide
     assert undecided["gpu_hours_to_95_vs_tpe_naive"]["met"] is None  # 8 > 12 / 2
     assert "more than 7" in undecided["trials_to_95_vs_random"]["detail"]
+
+
+def test_warm_goals_compare_the_warm_start_with_the_cold_one() -> None:
+    def runs(ratio: list[float], infeasible: int = 0) -> dict:
+        flags = [i < infeasible for i in range(len(ratio))][::-1]  # the failures come last
+        return summarize([StudyTrace(GLM, "s", i, ratio=ratio, seconds=[3600.0] * len(ratio), infeasible=flags,
+                                     driver_s=[0.01] * len(ratio)) for i in range(3)], trials=len(ratio), gpus=2)
+
+    cold = runs([0.5] * 7 + [0.96] * 5, infeasible=4)  # 95% at trial 8, 4 of 7 failed after the 5th
+    fast, slow = runs([0.5, 0.96] + [0.96] * 10, infeasible=1), runs([0.5] * 9 + [0.96] * 3, infeasible=4)
+    met = warm_goals(cold, fast, forced=False)
+    assert [met[k]["met"] for k in met] == [True] * 3, met
+    missed = warm_goals(cold, slow, forced=False)
+    assert [missed[k]["met"] for k in missed] == [False] * 3, missed
+    assert warm_goals(cold, cold, forced=True)["warm_trials_to_95"]["met"] is True  # no worse: met
+    never = runs([0.5] * 12)
+    assert warm_goals(never, never, forced=True)["warm_trials_to_95"]["met"] is None  # neither reached: undecided
+
+
+def test_a_warm_started_study_measures_its_source_s_best_second(scratch: Path) -> None:
+    # autotune-warm from the same scenario: its source is the cold study of the same seed, whose
+    # best configuration the warm study measures right after its baseline
+    setup = Setup(GLM, "sglang_nccl", "quick", None, True)
+    cold = run_study(StudyTask(setup, "autotune", 0, 8, 1.0, str(scratch)))
+    warm = run_study(StudyTask(setup, "autotune-warm", 0, 8, 1.0, str(scratch), warm_from=setup))
+    assert cold.ratio[-1] > cold.ratio[1], cold.ratio  # the cold study found better than its second trial
+    assert warm.ratio[1] == pytest.approx(cold.ratio[-1]), (cold.ratio, warm.ratio)
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
