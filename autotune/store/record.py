@@ -242,7 +242,7 @@ def read(t: FrozenTrial) -> TrialRecord:
         values=values,
         early_stop=ua.get("early_stop") or None,
         load_signals=ua.get(SIGNALS_ATTR) or None,
-        proposed=t.system_attrs.get(PROPOSED_ATTR) or ua.get(PROPOSED_ATTR) or None,
+        proposed=t.system_attrs.get(PROPOSED_ATTR) or None,
         confirms=ua.get("confirms"),
         retry_of=ua.get("retry_of"),
         implied_by=ua.get("implied_by"),

@@ -173,9 +173,9 @@ class Driver:
         self.lease: StudyLease | None = None
         self.pool = SlotPool(executor.slots(), quarantine_after=config.quarantine_after)
         self._niced: set[tuple[str, int]] = set()
+        """(host, niceness) pairs already told to the reporter."""
         self.warm = warm_start.WarmStart()
         """What the study started from (:mod:`autotune.study.warm_start`), once :meth:`open_study` ran."""
-        """(host, niceness) pairs already told to the reporter."""
 
     # -- setup ------------------------------------------------------------------------------
     def open_study(self) -> optuna.Study:

@@ -23,7 +23,7 @@ def why_text(study: optuna.Study, trial: optuna.Trial) -> str | None:
                 "is the mean of its runs after the first")
     if ua.get("retry_of") is not None:
         return f"runs trial {ua['retry_of']} again: it did not finish through no fault of its configuration"
-    return proposal_text(record.system_attrs(study, trial).get(PROPOSED_ATTR) or ua.get(PROPOSED_ATTR))
+    return proposal_text(record.system_attrs(study, trial).get(PROPOSED_ATTR))
 
 
 def niceness_note(number: int, niceness: int, host: str) -> str:

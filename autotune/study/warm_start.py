@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import optuna
-from optuna.distributions import BaseDistribution
 
 from autotune.config.space import SearchSpace
 from autotune.config.study import StudyConfig, WarmStartFrom
@@ -155,7 +154,6 @@ def plan(sources: Sequence[tuple[WarmStartFrom, optuna.Study]], mine: Fingerprin
     (module docstring), as a :class:`WarmStart` whose ``record`` is its snapshot."""
     record: dict[str, Any] = {"sources": [], "failures": [], "runs": [], "hints": [], "moves": []}
     lines: list[str] = []
-    dists = space.distributions()
     seen_hints: list[dict[str, Any]] = []
     for ref, source in sources:
         theirs = fingerprint(source.user_attrs.get("config") or {}, source.user_attrs.get(HOST_FACTS) or {})
@@ -176,7 +174,7 @@ def plan(sources: Sequence[tuple[WarmStartFrom, optuna.Study]], mine: Fingerprin
         carried: dict[str, list[int]] = {}
         left: dict[str, list[int]] = {}
         for v in views:
-            params = _completed(v.params, dists, baseline)
+            params = _completed(v.params, space, baseline)
             if params is None:
                 continue
             if v.outcome.measured:
@@ -189,9 +187,9 @@ def plan(sources: Sequence[tuple[WarmStartFrom, optuna.Study]], mine: Fingerprin
             if ok:
                 record["failures"].append(_entry(source.study_name, v, params))
                 if kind in HOST_KINDS + ENGINE_KINDS:
-                    record["moves"] += _moves(source.study_name, v, kind, views, dists)
+                    record["moves"] += _moves(source.study_name, v, kind, views, space)
         moves = [m for m in record["moves"] if m["study"] == source.study_name]
-        hints = _hints(source, dists, space, baseline, host_ok, model_ok, seen_hints)
+        hints = _hints(source, space, baseline, host_ok, model_ok, seen_hints)
         record["hints"] += [{"values": h.values, "why": h.why} for h in hints]
         record["sources"].append({"study": source.study_name, "host": theirs.host, "engine": theirs.engine,
                                   "model": theirs.model, "differs": differs, "forced": bool(differs)})
@@ -210,7 +208,7 @@ def restore(record: Mapping[str, Any]) -> WarmStart:
 
 
 def _moves(study: str, failed: TrialRecord, kind: str, views: Sequence[TrialRecord],
-           dists: Mapping[str, BaseDistribution]) -> list[dict[str, Any]]:
+           space: SearchSpace) -> list[dict[str, Any]]:
     """The moves ``failed`` shows: for each measured trial of its study that differs from it in
     one parameter of the space alone, that parameter moved from the trial's value to its own."""
     out = []
@@ -219,7 +217,7 @@ def _moves(study: str, failed: TrialRecord, kind: str, views: Sequence[TrialReco
             continue
         names = set(ran.params) | set(failed.params)
         differ = [n for n in names if ran.params.get(n) != failed.params.get(n)]
-        if len(differ) == 1 and differ[0] in dists and _inside(dists[differ[0]], failed.params.get(differ[0])):
+        if len(differ) == 1 and _inside(space, differ[0], failed.params.get(differ[0])):
             move = {"param": differ[0], "before": ran.params.get(differ[0]), "after": failed.params[differ[0]],
                     "kind": kind, "study": study, "trials": [ran.number, failed.number]}
             if not any(m["param"] == move["param"] and m["after"] == move["after"] for m in out):
@@ -227,28 +225,25 @@ def _moves(study: str, failed: TrialRecord, kind: str, views: Sequence[TrialReco
     return out
 
 
-def _completed(params: Mapping[str, Any], dists: Mapping[str, BaseDistribution],
-               baseline: Mapping[str, Any]) -> dict[str, Any] | None:
-    """``params`` in the space: its shared parameters (each inside its distribution), the rest
-    from ``baseline``; None when a shared value lies outside the space."""
+def _completed(params: Mapping[str, Any], space: SearchSpace, baseline: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``params`` in ``space``: its shared parameters (each a valid value), the rest from
+    ``baseline``; None when a shared value lies outside the space."""
     out = {}
-    for name, dist in dists.items():
+    for name in space.parameters:
         value = params.get(name, baseline.get(name))
-        if name in params and not _inside(dist, value):
+        if name in params and not _inside(space, name, value):
             return None
         out[name] = value
     return out
 
 
-def _inside(dist: BaseDistribution, value: Any) -> bool:
-    try:
-        return bool(dist._contains(dist.to_internal_repr(value)))
-    except (ValueError, TypeError, AttributeError):
-        return False
+def _inside(space: SearchSpace, name: str, value: Any) -> bool:
+    """Whether ``space`` has a parameter ``name`` and ``value`` is a valid value of it."""
+    return name in space.parameters and space.parameters[name].out_of_range(value) is None
 
 
-def _hints(source: optuna.Study, dists: Mapping[str, BaseDistribution], space: SearchSpace,
-           baseline: Mapping[str, Any], host_ok: bool, model_ok: bool, seen: list[dict[str, Any]]) -> list[Hint]:
+def _hints(source: optuna.Study, space: SearchSpace, baseline: Mapping[str, Any], host_ok: bool, model_ok: bool,
+           seen: list[dict[str, Any]]) -> list[Hint]:
     """The source best's values where they differ from ``baseline``: all of them (another model,
     not ``model_ok``: but its memory settings, the server parameters the space declares monotone
     for a memory failure), then its NCCL settings alone (``host_ok``); each unless one in ``seen``
@@ -257,7 +252,7 @@ def _hints(source: optuna.Study, dists: Mapping[str, BaseDistribution], space: S
     if best is None:
         return []
     raw = next((t.params for t in source.get_trials(deepcopy=False) if t.number == best.number), {})
-    shared = {n: v for n, v in raw.items() if n in dists and _inside(dists[n], v) and baseline.get(n) != v}
+    shared = {n: v for n, v in raw.items() if _inside(space, n, v) and baseline.get(n) != v}
     host = {n: v for n, v in shared.items() if (space.parameters[n].env or "").startswith("NCCL_")}
     memory = [] if model_ok else [n for n in shared
                                   if n not in host and set(MEMORY_KINDS).intersection(space.parameters[n].monotone)]
