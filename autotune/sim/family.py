@@ -171,6 +171,11 @@ def _serves(scenario: Scenario) -> bool:
     return False
 
 
+def _link_words(kind: str, p2p: bool) -> str:
+    """How a host's description names its interconnect."""
+    return "over NVLink" if kind == "nvlink" else "over PCIe" + ("" if p2p else " without P2P")
+
+
 class _Draw:
     """One draw of a host from ``rng`` (each figure a method, in a fixed order)."""
 
@@ -193,11 +198,10 @@ class _Draw:
         return self.rng.uniform(lo, hi)
 
     def scenario(self) -> Scenario:
-        interconnect, where = self.interconnect()
+        interconnect, where = self.interconnect()  # drawn for a sibling too: the draws after it stay put
         if self.host is not None:  # a sibling: the host's own interconnect
             link = self.host.interconnect
-            interconnect = link.model_dump(mode="json")
-            where = "over NVLink" if link.kind == "nvlink" else "over PCIe" + ("" if link.p2p else " without P2P")
+            interconnect, where = link.model_dump(mode="json"), _link_words(link.kind, link.p2p)
         model, spec = self.served_model()
         memory, launch = self.memory()
         m = self.model
@@ -225,7 +229,8 @@ class _Draw:
                      "bandwidth_gbs": r(self.gpu.nvlink_gbs * self.u(0.85, 1.0)),
                      "channel_bandwidth_gbs": r(self.gpu.nvlink_gbs / self.rng.choice((12, 16, 24)), 1),
                      "default_channels": self.rng.choice((8, 16, 24, 32)),
-                     "communicators": 1, "nvls": self.count == 8 and self.rng.random() < 0.5}, "over NVLink")
+                     "communicators": 1, "nvls": self.count == 8 and self.rng.random() < 0.5},
+                    _link_words("nvlink", True))
         p2p = self.rng.random() < 0.5
         lat_ring = {"LL": r(self.u(0.8, 1.3), 2), "LL128": r(self.u(2.0, 3.0), 2), "Simple": r(self.u(4.5, 6.5), 2)}
         lat_tree = {"LL": lat_ring["LL"], "LL128": r(lat_ring["LL128"] * 0.8, 2), "Simple": r(lat_ring["Simple"] * 0.7, 2)}
@@ -237,7 +242,7 @@ class _Draw:
                "proxy_us_per_channel": r(self.u(0.1, 0.6), 2),
                "default_channels": self.rng.choice((2, 4, 8, 16)),
                "communicators": self.rng.choice((1, 1, 2))}
-        return doc, "over PCIe" + ("" if p2p else " without P2P")
+        return doc, _link_words("pcie", p2p)
 
     def served_model(self) -> tuple[dict[str, Any], str]:
         m, n = self.model, self.count
