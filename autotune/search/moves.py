@@ -1,14 +1,16 @@
 """Failed moves: probes and raises that failed, which later probes do not repeat.
 
 A probe or raise changes one parameter of a configuration that ran, so its failure is that
-change's, as far as one launch shows. :func:`failed_moves` reads them from a study;
-:func:`refused` tells whether a new probe repeats one.
+change's, as far as one launch shows: at that configuration, and where the parameters the space
+declares monotone for its failure kind lie as far on the failing side (:func:`speaks_for`; a
+protocol whose NCCL buffers did not fit beside 16 channels may fit beside 2).
+:func:`failed_moves` reads them from a study; :func:`refused` tells whether a new probe repeats one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution
@@ -28,6 +30,8 @@ class FailedMove:
     before: Any
     after: Any
     kind: str
+    at: Mapping[str, Any] = field(default_factory=dict)
+    """The configuration that failed (empty: not known; the move speaks everywhere)."""
 
 
 def failed_moves(finished: Sequence[FrozenTrial], search_space: Mapping[str, BaseDistribution]) -> list[FailedMove]:
@@ -47,13 +51,34 @@ def failed_moves(finished: Sequence[FrozenTrial], search_space: Mapping[str, Bas
         name = why.get("param")
         if ref is None or name not in search_space or name not in t.params or name not in ref.params:
             continue
-        out.append(FailedMove(name, search_space[name], ref.params[name], t.params[name], kind))
+        out.append(FailedMove(name, search_space[name], ref.params[name], t.params[name], kind, dict(t.params)))
     return out
 
 
+def speaks_for(move: FailedMove, params: Mapping[str, Any], monotone: Mapping[str, Mapping[str, str]]) -> bool:
+    """Whether ``move``'s failure speaks for ``params``: each other parameter ``monotone``
+    declares for its kind ("up": more fails) is at least the failed configuration's value
+    ("down": at most); a non-number such as ``unset`` only at the same value. A move whose
+    configuration is not known speaks everywhere."""
+    for name, kinds in monotone.items():
+        way = kinds.get(move.kind)
+        if way not in ("up", "down") or name == move.param or name not in move.at or name not in params:
+            continue
+        then, now = move.at[name], params[name]
+        if not (is_number(then) and is_number(now)):
+            if then != now:
+                return False
+        elif (now < then) if way == "up" else (now > then):
+            return False
+    return True
+
+
 def refused(moves: Sequence[FailedMove], search_space: Mapping[str, BaseDistribution], name: str, value: Any,
-            current: Any) -> bool:
-    """Whether a probe moving ``name`` from ``current`` to ``value`` repeats a failed move.
+            current: Any, probe: Mapping[str, Any] | None = None,
+            monotone: Mapping[str, Mapping[str, str]] | None = None) -> bool:
+    """Whether a probe moving ``name`` from ``current`` to ``value`` (the whole configuration:
+    ``probe``) repeats a failed move that speaks for it (:func:`speaks_for`, with the space's
+    ``monotone`` declarations; without ``probe``, every move speaks).
 
     - A failure of an ordered parameter (:func:`ordered`): a move the same way to the failed
       value or beyond (a threshold: more channels than the buffers allow). What lies between the
@@ -63,7 +88,7 @@ def refused(moves: Sequence[FailedMove], search_space: Mapping[str, BaseDistribu
     """
     dist = search_space[name]
     for m in moves:
-        if m.param != name:
+        if m.param != name or (probe is not None and not speaks_for(m, probe, monotone or {})):
             continue
         if not ordered(dist):
             if value == m.after:
@@ -93,4 +118,4 @@ def _sign(x: float) -> int:
     return (x > 0) - (x < 0)
 
 
-__all__ = ["FailedMove", "failed_moves", "ordered", "refused"]
+__all__ = ["FailedMove", "failed_moves", "ordered", "refused", "speaks_for"]

@@ -3,8 +3,8 @@
 :class:`CrashAwareTPESampler` keeps TPE's model (:func:`tpe_sampler`) and adds:
 
 - **A screen and coverage probes**: once the baseline has run, the trials after it move one
-  parameter of the incumbent at a time; after :data:`PROBE_AFTER` trials every
-  :data:`PROBE_EVERY`-th proposal does, to the part of its range explored least
+  parameter of the incumbent at a time; after :data:`PROBE_AFTER` trials every proposal but each
+  :data:`TPE_EVERY`-th (TPE's) does, to the part of its range explored least
   (:mod:`autotune.search.proposals`).
 - **Crash regions**: a proposal inside a rule's region (:func:`~autotune.analysis.crash_rules.failure_rules`:
   its conditions, within the rule's scope, where the study's trials showed it) is kept with probability ``(1 - p) c_ok / (p c_fail + (1 - p) c_ok)``, its measurements per
@@ -20,7 +20,7 @@
 - **Raises the engine's log calls for** (``raise_when``, :mod:`autotune.outcome.load_signals`):
   the incumbent with the full cap raised to what its log showed, ahead of any other proposal.
 - **No repeats**: a proposal equal to a configuration already launched is redrawn.
-- **Back-offs while nothing has run**: every :data:`PROBE_EVERY`-th proposal is the baseline
+- **Back-offs while nothing has run**: every :data:`BACK_OFF_EVERY`-th proposal is the baseline
   moved to the safe side of its failures along the ``monotone:`` declarations; the rest are random.
 
 A proposal is redrawn up to :data:`~autotune.search.proposals.MAX_DRAWS` times; then the draw
@@ -42,7 +42,7 @@ from autotune.analysis.explain import analysed_views, failure_rules
 from autotune.outcome.failures import MEMORY_KINDS
 from autotune.outcome.load_signals import ATTR as SIGNALS_ATTR, LoadSignals, raises_called_for
 from autotune.search.feasibility import MODELLED_KINDS, FeasibilityModel
-from autotune.search.moves import FailedMove, failed_moves, ordered, refused
+from autotune.search.moves import FailedMove, failed_moves, ordered, refused, speaks_for
 from autotune.search.prior import Prior
 from autotune.search.proposals import MAX_DRAWS, back_off, baseline_of, least_explored, next_parameter, raised_to, screening
 from autotune.store.record import PROPOSED_ATTR, cached_trials, failed_kind, is_feasible_measurement, is_measured, set_system_attr
@@ -52,8 +52,13 @@ TPE_STARTUP_TRIALS = 4
 for parallel). After a baseline that ran, the screen's trials count towards them."""
 PROBE_AFTER = 8
 """Finished trials before the first coverage probe."""
-PROBE_EVERY = 2
-"""Every this many trials (by trial number) is a coverage probe, once there is an incumbent."""
+TPE_EVERY = 4
+"""Once probes have begun (an incumbent, :data:`PROBE_AFTER` trials), every this-many-th trial (by
+trial number) is TPE's and the others coverage probes: on the development half of the generated
+hosts a probe around the incumbent improved on it more often and failed less often than a TPE draw
+after the 10th trial (docs/BENCHMARKS.md)."""
+BACK_OFF_EVERY = 2
+"""While nothing has run, every this-many-th trial (by trial number) is a back-off; the rest random."""
 RISK = 0.3
 """A proposal whose chance of failing at the boundary (:class:`~autotune.search.feasibility.FeasibilityModel`)
 is this or more is redrawn (a probe or raise: not proposed)."""
@@ -142,7 +147,7 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         launched = {self._launch_key(t.params) for t in finished}
         self._learn(study, finished, search_space)
         if self.probes and finished and not any(_measured(t) for t in finished):
-            backed = back_off(self._rng, self.monotone, finished, search_space) if trial.number % PROBE_EVERY == 1 else None
+            backed = back_off(self._rng, self.monotone, finished, search_space) if trial.number % BACK_OFF_EVERY == 1 else None
             for _ in range(MAX_DRAWS):
                 params = backed or {n: self._random.sample_independent(study, trial, n, d)
                                     for n, d in search_space.items()}
@@ -164,7 +169,7 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
                 _record(study, trial, why)
                 return params
         screen = incumbent is not None and screening(trial, finished, search_space)
-        if screen or (incumbent is not None and len(finished) >= PROBE_AFTER and trial.number % PROBE_EVERY == 0):
+        if screen or (incumbent is not None and len(finished) >= PROBE_AFTER and trial.number % TPE_EVERY != 0):
             assert incumbent is not None  # a screen needs one too
             name = next_parameter(self._cycle, self._rng, search_space, incumbent, finished)
             base = baseline_of(finished)
@@ -175,7 +180,7 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
                 probe[name] = (values[rank] if rank < len(values)
                                else least_explored(self._rng, finished, name, search_space[name], probe[name], rank - len(values)))
                 if (self._launch_key(probe) not in launched and (name, probe[name]) not in self._named
-                        and not refused(self._moves, search_space, name, probe[name], incumbent.params[name])
+                        and not refused(self._moves, search_space, name, probe[name], incumbent.params[name], probe, self.monotone)
                         and (not self.avoid_crashes or self.safe(study, probe))):
                     _record(study, trial, {"by": "probe", "param": name, "around": incumbent.number,
                                            **({"screen": True} if screen else {})})
@@ -228,7 +233,7 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         """:meth:`worth` of ``params`` and the boundary's chance that it fails."""
         chance = self._boundary.chance(params)
         if any(m.kind not in MEMORY_KINDS and not ordered(m.distribution) and params.get(m.param) == m.after
-               for m in self._moves) or any((n, v) in self._named for n, v in params.items()):
+               and speaks_for(m, params, self.monotone) for m in self._moves) or any((n, v) in self._named for n, v in params.items()):
             return 0.0, chance  # a choice that failed when it alone moved from a configuration that ran, or its failure named
         worth = self._regions_worth(study, params)
         if chance > 0.0:
@@ -258,7 +263,7 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         if self.avoid_crashes:  # the boundary is read only to avoid crashes
             failed = [(k, t.params) for t in finished if (k := _kind(t))]
             carried = self.prior.boundary_kinds([k for k, _ in failed])
-            self._boundary = FeasibilityModel(search_space).fit(
+            self._boundary = FeasibilityModel(search_space, self.monotone).fit(
                 [t.params for t in finished if _measured(t)] + [v.params for v in self.prior.runs],
                 failed + [(v.failure.kind, v.params) for v in self.prior.failures if v.failure and v.failure.kind in carried])
         self._learnt_at = key
@@ -394,4 +399,4 @@ def _key(params: dict[str, Any]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((k, repr(v)) for k, v in params.items()))
 
 
-__all__ = ["CrashAwareTPESampler", "PROBE_AFTER", "PROBE_EVERY", "RISK", "TPE_STARTUP_TRIALS", "tpe_sampler"]
+__all__ = ["BACK_OFF_EVERY", "CrashAwareTPESampler", "PROBE_AFTER", "RISK", "TPE_EVERY", "TPE_STARTUP_TRIALS", "tpe_sampler"]
