@@ -13,15 +13,11 @@ declarations signed it), as the area under the ROC curve (0.5: no better than a 
 
     python bench/late_trials.py --generated 0-47 --seeds 2 --trials 40
     python bench/late_trials.py --scenario rtx6000-pcie-kimi-eagle3 --seeds 10 --trials 60
-
-A copy of this script in another checkout's ``bench/`` tallies that code's proposals (the AUCs
-need this code's classifier).
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import warnings
 from collections import Counter
@@ -31,20 +27,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import optuna  # noqa: E402
-from optuna.trial import TrialState  # noqa: E402
-
 from autotune.bench.family import family_files  # noqa: E402
-from autotune.bench.model_executor import ModelExecutor  # noqa: E402
 from autotune.bench.setups import Setup  # noqa: E402
-from autotune.bench.strategies import strategy  # noqa: E402
-from autotune.bench.study_trace import scratch_dir  # noqa: E402
-from autotune.search import feasibility  # noqa: E402
+from autotune.bench.study_trace import StudyTask, run_trials  # noqa: E402
 from autotune.search.feasibility import FeasibilityModel  # noqa: E402
 from autotune.search.implied import SKIPPED  # noqa: E402
 from autotune.sim.family import parse_seeds  # noqa: E402
 from autotune.store.record import PROPOSED_ATTR  # noqa: E402
-from autotune.study import build  # noqa: E402
 
 SPACE, OBJECTIVE = "sglang_nccl", "quick"
 
@@ -52,23 +41,10 @@ SPACE, OBJECTIVE = "sglang_nccl", "quick"
 def study(args: tuple[str, int, int]) -> list[dict[str, Any]]:
     """One study's launched trials, in order: who proposed each, its outcome, kind and value."""
     path, seed, trials = args
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore")
-    setup = Setup(path, SPACE, OBJECTIVE, None)
-    strat = strategy("autotune", setup.space)
-    folder = scratch_dir()
-    try:
-        cfg = setup.config(name="late", storage=f"sqlite:///{folder}/s.db", sampler=strat.config_sampler, seed=seed,
-                           trials=trials, confirm=strat.study_features)
-        ex = ModelExecutor.for_target(cfg, setup.objective, seed=seed, scenario=setup.scenario)
-        run = build.driver(build.Plan(cfg, setup.space, setup.objective), ex, trials=trials, sampler=strat.factory,
-                           skip_implied=strat.study_features).run()
-        done = sorted((t for t in run.study.get_trials(deepcopy=False) if t.state in (TrialState.COMPLETE, TrialState.PRUNED)),
-                      key=lambda t: t.number)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    task = StudyTask(Setup(path, SPACE, OBJECTIVE, None), "autotune", seed, trials, optimum=0.0)  # not scored here
     out = []
-    for t in done:
+    for t in run_trials(task):
         if t.user_attrs.get("outcome") == SKIPPED:
             continue
         why = t.system_attrs.get(PROPOSED_ATTR) if isinstance(t.system_attrs.get(PROPOSED_ATTR), dict) else {}
@@ -109,13 +85,9 @@ def auc(runs: list[list[dict[str, Any]]], after: int, who: str, signed: bool, sp
             failed = [(p["kind"], p["params"]) for p in trials[:i] if p["outcome"] == "infeasible" and p["kind"]]
             if signed:
                 model = FeasibilityModel(dists, monotone).fit(ran, failed)
-            else:
-                shipped = feasibility.MIN_FAILED
-                feasibility.MIN_FAILED = 3
-                try:
-                    model = FeasibilityModel(dists).fit(ran, failed)
-                finally:
-                    feasibility.MIN_FAILED = shipped
+            else:  # as it was: no signs, a kind modelled from its 3rd failure
+                seen = Counter(k for k, _ in failed)
+                model = FeasibilityModel(dists).fit(ran, [(k, p) for k, p in failed if seen[k] >= 3])
             scores.append((model.chance(t["params"]), t["outcome"] == "infeasible"))
     bad = [s for s, f in scores if f]
     good = [s for s, f in scores if not f]
@@ -142,9 +114,6 @@ def main() -> None:
     for by, c in sorted(tally(runs, a.after).items(), key=lambda kv: -kv[1]["trials"]):
         print(f"{by:10s} {c['trials']:7d} {c['failed']:6d} ({c['failed'] / c['trials']:5.1%}) "
               f"{c['improved']:6d} ({c['improved'] / c['trials']:5.1%})")
-    if not hasattr(feasibility, "MIN_FAILED"):
-        print("(the code under test has the classifier before the signed one: no AUC)")
-        return
     for who in ("tpe", "probe"):
         for signed in (True, False):
             area, n, bad = auc(runs, a.after, who, signed, space)

@@ -120,6 +120,18 @@ def scratch_dir(base: str | None = None) -> str:
 def run_study(task: StudyTask) -> StudyTrace:
     """Run one whole study with the real driver on a SQLite storage in a scratch folder (removed
     afterwards) and trace it."""
+    trials, ex, clock = _run(task)
+    return _trace(task, trials, ex, clock)
+
+
+def run_trials(task: StudyTask) -> list[optuna.trial.FrozenTrial]:
+    """Run one whole study as :func:`run_study` does; its finished trials (COMPLETE or PRUNED),
+    in trial order."""
+    return _run(task)[0]
+
+
+def _run(task: StudyTask) -> tuple[list[optuna.trial.FrozenTrial], ModelExecutor, _Clock]:
+    """The study's finished trials in trial order, its executor and its clock."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     setup = task.setup
@@ -146,7 +158,7 @@ def run_study(task: StudyTask) -> StudyTrace:
                          if t.state in (TrialState.COMPLETE, TrialState.PRUNED)), key=lambda t: t.number)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    return _trace(task, trials, ex, clock)
+    return trials, ex, clock
 
 
 def _trace(task: StudyTask, trials: Sequence[optuna.trial.FrozenTrial], ex: ModelExecutor, clock: _Clock) -> StudyTrace:

@@ -2,21 +2,22 @@
 
 A probe or raise changes one parameter of a configuration that ran, so its failure is that
 change's, as far as one launch shows: at that configuration, and where the parameters the space
-declares monotone for its failure kind lie as far on the failing side (:func:`speaks_for`; a
-protocol whose NCCL buffers did not fit beside 16 channels may fit beside 2).
+declares monotone for its failure kind lie as far on the failing side (its
+:attr:`~FailedMove.scope`; a protocol whose NCCL buffers did not fit beside 16 channels may fit
+beside 2).
 :func:`failed_moves` reads them from a study; :func:`refused` tells whether a new probe repeats one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial
 
-from autotune.analysis.conditions import is_number
+from autotune.analysis.conditions import Condition, is_number
 from autotune.store.record import PROPOSED_ATTR, failed_kind
 
 
@@ -30,12 +31,20 @@ class FailedMove:
     before: Any
     after: Any
     kind: str
-    at: Mapping[str, Any] = field(default_factory=dict)
-    """The configuration that failed (empty: not known; the move speaks everywhere)."""
+    scope: tuple[Condition, ...] = ()
+    """Where the failure speaks: each other parameter declared monotone for ``kind`` on the
+    failing side of (or at) the failed configuration's value, a non-number at that value
+    (:func:`failed_moves`); empty: everywhere."""
+
+    def speaks_for(self, params: Mapping[str, Any]) -> bool:
+        """Whether the failure speaks for ``params`` (every condition of :attr:`scope` holds)."""
+        return all(c.holds(dict(params)) for c in self.scope)
 
 
-def failed_moves(finished: Sequence[FrozenTrial], search_space: Mapping[str, BaseDistribution]) -> list[FailedMove]:
-    """The study's failed probes and raises (:class:`FailedMove`), in trial order.
+def failed_moves(finished: Sequence[FrozenTrial], search_space: Mapping[str, BaseDistribution],
+                 monotone: Mapping[str, Mapping[str, str]] | None = None) -> list[FailedMove]:
+    """The study's failed probes and raises (:class:`FailedMove`), in trial order, each scoped by
+    the space's ``monotone`` declarations (:attr:`FailedMove.scope`).
 
     One parameter moved from a configuration that ran and the launch failed: the move caused the
     failure, as far as one launch can show. Trials skipped as implied failures count (their
@@ -51,34 +60,27 @@ def failed_moves(finished: Sequence[FrozenTrial], search_space: Mapping[str, Bas
         name = why.get("param")
         if ref is None or name not in search_space or name not in t.params or name not in ref.params:
             continue
-        out.append(FailedMove(name, search_space[name], ref.params[name], t.params[name], kind, dict(t.params)))
+        out.append(FailedMove(name, search_space[name], ref.params[name], t.params[name], kind,
+                              _scope(name, kind, t.params, monotone or {})))
     return out
 
 
-def speaks_for(move: FailedMove, params: Mapping[str, Any], monotone: Mapping[str, Mapping[str, str]]) -> bool:
-    """Whether ``move``'s failure speaks for ``params``: each other parameter ``monotone``
-    declares for its kind ("up": more fails) is at least the failed configuration's value
-    ("down": at most); a non-number such as ``unset`` only at the same value. A move whose
-    configuration is not known speaks everywhere."""
-    for name, kinds in monotone.items():
-        way = kinds.get(move.kind)
-        if way not in ("up", "down") or name == move.param or name not in move.at or name not in params:
-            continue
-        then, now = move.at[name], params[name]
-        if not (is_number(then) and is_number(now)):
-            if then != now:
-                return False
-        elif (now < then) if way == "up" else (now > then):
-            return False
-    return True
+def _scope(param: str, kind: str, at: Mapping[str, Any], monotone: Mapping[str, Mapping[str, str]]) -> tuple[Condition, ...]:
+    """:attr:`FailedMove.scope` of ``param``'s move that failed with ``kind`` at ``at``."""
+    out = []
+    for name, kinds in sorted(monotone.items()):
+        way = kinds.get(kind)
+        if way in ("up", "down") and name != param and name in at:
+            value = at[name]
+            out.append(Condition(name, ("=" if not is_number(value) else ">=" if way == "up" else "<="), value))
+    return tuple(out)
 
 
 def refused(moves: Sequence[FailedMove], search_space: Mapping[str, BaseDistribution], name: str, value: Any,
-            current: Any, probe: Mapping[str, Any] | None = None,
-            monotone: Mapping[str, Mapping[str, str]] | None = None) -> bool:
+            current: Any, probe: Mapping[str, Any] | None = None) -> bool:
     """Whether a probe moving ``name`` from ``current`` to ``value`` (the whole configuration:
-    ``probe``) repeats a failed move that speaks for it (:func:`speaks_for`, with the space's
-    ``monotone`` declarations; without ``probe``, every move speaks).
+    ``probe``) repeats a failed move that speaks for it (:meth:`FailedMove.speaks_for`; without
+    ``probe``, every move speaks).
 
     - A failure of an ordered parameter (:func:`ordered`): a move the same way to the failed
       value or beyond (a threshold: more channels than the buffers allow). What lies between the
@@ -88,7 +90,7 @@ def refused(moves: Sequence[FailedMove], search_space: Mapping[str, BaseDistribu
     """
     dist = search_space[name]
     for m in moves:
-        if m.param != name or (probe is not None and not speaks_for(m, probe, monotone or {})):
+        if m.param != name or (probe is not None and not m.speaks_for(probe)):
             continue
         if not ordered(dist):
             if value == m.after:
@@ -118,4 +120,4 @@ def _sign(x: float) -> int:
     return (x > 0) - (x < 0)
 
 
-__all__ = ["FailedMove", "failed_moves", "ordered", "refused", "speaks_for"]
+__all__ = ["FailedMove", "failed_moves", "ordered", "refused"]

@@ -42,7 +42,7 @@ from autotune.analysis.explain import analysed_views, failure_rules
 from autotune.outcome.failures import MEMORY_KINDS
 from autotune.outcome.load_signals import ATTR as SIGNALS_ATTR, LoadSignals, raises_called_for
 from autotune.search.feasibility import MODELLED_KINDS, FeasibilityModel
-from autotune.search.moves import FailedMove, failed_moves, ordered, refused, speaks_for
+from autotune.search.moves import FailedMove, failed_moves, ordered, refused
 from autotune.search.prior import Prior
 from autotune.search.proposals import MAX_DRAWS, back_off, baseline_of, least_explored, next_parameter, raised_to, screening
 from autotune.store.record import PROPOSED_ATTR, cached_trials, failed_kind, is_feasible_measurement, is_measured, set_system_attr
@@ -180,7 +180,7 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
                 probe[name] = (values[rank] if rank < len(values)
                                else least_explored(self._rng, finished, name, search_space[name], probe[name], rank - len(values)))
                 if (self._launch_key(probe) not in launched and (name, probe[name]) not in self._named
-                        and not refused(self._moves, search_space, name, probe[name], incumbent.params[name], probe, self.monotone)
+                        and not refused(self._moves, search_space, name, probe[name], incumbent.params[name], probe)
                         and (not self.avoid_crashes or self.safe(study, probe))):
                     _record(study, trial, {"by": "probe", "param": name, "around": incumbent.number,
                                            **({"screen": True} if screen else {})})
@@ -233,7 +233,7 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         """:meth:`worth` of ``params`` and the boundary's chance that it fails."""
         chance = self._boundary.chance(params)
         if any(m.kind not in MEMORY_KINDS and not ordered(m.distribution) and params.get(m.param) == m.after
-               and speaks_for(m, params, self.monotone) for m in self._moves) or any((n, v) in self._named for n, v in params.items()):
+               and m.speaks_for(params) for m in self._moves) or any((n, v) in self._named for n, v in params.items()):
             return 0.0, chance  # a choice that failed when it alone moved from a configuration that ran, or its failure named
         worth = self._regions_worth(study, params)
         if chance > 0.0:
@@ -258,7 +258,7 @@ class CrashAwareTPESampler(optuna.samplers.BaseSampler):
         key = (len(finished), tuple(search_space))
         if key == self._learnt_at:
             return
-        self._moves = failed_moves(finished, search_space) + self.prior.failed_moves(
+        self._moves = failed_moves(finished, search_space, self.monotone) + self.prior.failed_moves(
             search_space, [t.params for t in finished if _measured(t)])
         if self.avoid_crashes:  # the boundary is read only to avoid crashes
             failed = [(k, t.params) for t in finished if (k := _kind(t))]

@@ -510,11 +510,12 @@ def test_a_probe_that_failed_one_way_is_not_repeated_that_way() -> None:
     # as far on the failing side as it failed: Tree's NCCL error beside 4 channels says nothing
     # beside 2, 8 draft tokens' OOM at a 0.6 fraction nothing at 0.55
     declared = {"channels": {"nccl-error": "up"}, "mem": {"oom": "up"}}
-    assert refused(moves, dists, "algo", "Tree", "unset", {**best, "algo": "Tree"}, declared)
-    assert refused(moves, dists, "algo", "Tree", "unset", {**best, "algo": "Tree", "channels": 8}, declared)
-    assert not refused(moves, dists, "algo", "Tree", "unset", {**best, "algo": "Tree", "channels": 2}, declared)
-    assert refused(moves, dists, "draft", 8, 2, {**best, "draft": 8, "mem": 0.7}, declared)
-    assert not refused(moves, dists, "draft", 8, 2, {**best, "draft": 8, "mem": 0.55}, declared)
+    moves = failed_moves(study.trials, dists, declared)
+    assert refused(moves, dists, "algo", "Tree", "unset", {**best, "algo": "Tree"})
+    assert refused(moves, dists, "algo", "Tree", "unset", {**best, "algo": "Tree", "channels": 8})
+    assert not refused(moves, dists, "algo", "Tree", "unset", {**best, "algo": "Tree", "channels": 2})
+    assert refused(moves, dists, "draft", 8, 2, {**best, "draft": 8, "mem": 0.7})
+    assert not refused(moves, dists, "draft", 8, 2, {**best, "draft": 8, "mem": 0.55})
     # and the sampler's worth of the choice follows: nothing where the move speaks, open beside fewer channels
     sampler = CrashAwareTPESampler(seed=0, monotone=declared)
     sampler.sample_relative(study, study.trials[-1], dists)  # reads the moves
